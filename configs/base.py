@@ -1,0 +1,109 @@
+"""Transformer (base model), Table 3 row "base", WMT 2014 English-German.
+
+  python -m transformer_jax.main --config=configs/base.py --workdir=runs/base
+
+Paper (Vaswani et al., 2017): N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1, eps_ls=0.1,
+100k steps of ~25,000 source + 25,000 target tokens, 65M parameters; newstest2013 PPL 4.92, BLEU 25.8;
+newstest2014 BLEU 27.3 (Table 2). 12 hours on 8 P100 GPUs (0.4 s/step).
+
+Every default of the code lives here; other configs state only their differences.
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+
+  # §3: architecture. Field names match transformer_jax.model.ModelConfig one to one.
+  config.model = ml_collections.ConfigDict(dict(
+      num_layers=6,
+      d_model=512,
+      d_ff=2048,
+      num_heads=8,
+      d_k=64,
+      d_v=64,
+      dropout_rate=0.1,               # §5.4 P_drop.
+      attention_dropout_rate=0.0,     # Not in the paper; kept for ablations.
+      position_embedding='sinusoidal',  # §3.5; 'learned' is Table 3 row E.
+      layer_norm_position='post',     # §3.1: LayerNorm(x + Sublayer(x)); 'pre' is an option.
+      scale_embeddings=True,          # §3.4: multiply embeddings by sqrt(d_model).
+      max_length=256,                 # Longest position a learned embedding table holds.
+      dtype='float32',                # Compute dtype; 'bfloat16' on accelerators. Params stay float32.
+      attention_impl='xla',           # 'xla' (einsum) or 'fused' (jax.nn.dot_product_attention).
+      remat=False,                    # Rematerialise each layer in the backward pass (memory for big).
+  ))
+
+  config.data = ml_collections.ConfigDict(dict(
+      dataset='wmt14_translate/de-en',  # A TFDS name, 'multi30k', or 'text' (see train_files).
+      source_lang='en',
+      target_lang='de',
+      train_split='train',
+      eval_split='validation',          # newstest2013 for WMT14.
+      test_split='test',                # newstest2014 for WMT14.
+      manual_dir='',                    # Multi30k: folder with {split}.{lang}.gz; empty means download.
+      tfds_data_dir='',                 # Empty means TFDS's default (~/tensorflow_datasets).
+      train_files='',                   # dataset='text': 'SOURCE_FILE,TARGET_FILE'.
+      eval_files='',
+      test_files='',
+      vocab_size=37000,                 # §5.1: shared source-target BPE of about 37,000 tokens.
+      tokenizer_model_type='bpe',
+      tokenizer_train_sentences=2_000_000,  # Sentences (source + target) sampled to train the vocabulary.
+      tokens_per_batch=25_000,          # §5.1: ~25,000 source and ~25,000 target tokens per batch.
+      max_length=256,                   # Longer training pairs are skipped; longer eval sources truncated.
+      bucket_lengths=(8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256),
+      packing=False,                    # Pack several pairs per row (segment ids and positions).
+      shuffle_seed=0,
+  ))
+
+  config.train = ml_collections.ConfigDict(dict(
+      num_train_steps=100_000,
+      warmup_steps=4000,              # §5.3.
+      learning_rate_scale=1.0,        # Multiplies the §5.3 schedule; 1.0 is the paper.
+      adam_b1=0.9,                    # §5.3.
+      adam_b2=0.98,
+      adam_eps=1e-9,
+      grad_clip_norm=0.0,             # 0 disables clipping (the paper does not clip).
+      label_smoothing=0.1,            # §5.4 eps_ls.
+      seed=0,
+      log_every_steps=100,
+      eval_every_steps=5000,
+      checkpoint_every_steps=5000,
+      max_checkpoints_to_keep=20,     # §6.1 averages the last 20 checkpoints for big.
+      on_nonfinite='stop',            # 'stop' or 'skip' the update when loss or gradients are non-finite.
+      translate_at_end=True,          # Decode the test split with beam search and print BLEU after training.
+  ))
+
+  config.decode = ml_collections.ConfigDict(dict(
+      beam_size=4,                    # §6.1.
+      alpha=0.6,                      # §6.1 length penalty (Wu et al., 2016).
+      extra_length=50,                # §6.1: maximum output length = input length + 50.
+  ))
+
+  config.eval = ml_collections.ConfigDict(dict(
+      average_last_n=5,               # §6.1: base averages the last 5 checkpoints (written every 10 min).
+  ))
+
+  # Device mesh: -1 fills the remaining devices. Logical axis rules map the model's names onto mesh axes.
+  config.mesh = ml_collections.ConfigDict(dict(
+      data=-1,
+      fsdp=1,
+      tensor=1,
+      logical_axis_rules=(
+          ('batch', ('data', 'fsdp')),
+          ('length', None),
+          ('embed', 'fsdp'),
+          ('vocab', 'tensor'),
+          ('heads', 'tensor'),
+          ('kv', None),
+          ('mlp', 'tensor'),
+      ),
+  ))
+
+  config.benchmark = ml_collections.ConfigDict(dict(
+      batch_size=0,                   # 0: tokens_per_batch // source_length.
+      source_length=32,
+      target_length=32,
+      num_steps=5,
+      decode_sentences=16,
+  ))
+  return config

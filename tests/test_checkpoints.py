@@ -1,0 +1,265 @@
+"""Tests for transformer_jax.checkpoints: round trips, resharding, damage, averaging, fingerprints."""
+import logging
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+import pytest
+
+from transformer_jax import checkpoints
+
+DATA_STATE = {'epoch': 3, 'position': 120}
+
+
+def make_mesh(num_devices):
+  return Mesh(np.array(jax.devices()[:num_devices]).reshape(num_devices), ('data',))
+
+
+def spec_for(shape):
+  """[16, 8] arrays are split over 'data' on axis 0; everything else is replicated."""
+  return P('data') if len(shape) == 2 else P()
+
+
+def make_state(mesh, seed=0):
+  """A training-state-like pytree: float32 and bf16 params, an int leaf, moments, step, key data."""
+  rng = np.random.default_rng(seed)
+  state = {
+      'params': {
+          'w': rng.standard_normal((16, 8), dtype=np.float32),
+          'b': rng.standard_normal((8,), dtype=np.float32).astype(jnp.bfloat16),
+          'count': np.int32(seed + 1),
+      },
+      'opt_state': {'mu': rng.standard_normal((16, 8), dtype=np.float32)},
+      'step': np.int32(100 + seed),
+      'key': np.array([seed, 42], np.uint32),
+  }
+  return jax.tree.map(
+      lambda x: jax.device_put(x, NamedSharding(mesh, spec_for(np.shape(x)))), state)
+
+
+def abstract(tree, mesh):
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                     sharding=NamedSharding(mesh, spec_for(x.shape))), tree)
+
+
+def assert_trees_equal(actual, expected):
+  """Same structure, dtypes, and values bit for bit."""
+  assert jax.tree.structure(actual) == jax.tree.structure(expected)
+  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+    assert a.dtype == e.dtype
+    np.testing.assert_array_equal(np.atleast_1d(a).view(np.uint8), np.atleast_1d(e).view(np.uint8))
+
+
+def assert_shardings(tree, abstract_tree):
+  for a, e in zip(jax.tree.leaves(tree), jax.tree.leaves(abstract_tree)):
+    assert a.sharding == e.sharding
+
+
+def save_steps(workdir, states_by_step, **kwargs):
+  with checkpoints.CheckpointManager(workdir, **kwargs) as manager:
+    for step, state in states_by_step.items():
+      assert manager.save(step, state, {**DATA_STATE, 'position': step})
+    manager.wait_until_finished()
+
+
+def test_round_trip_after_async_save_and_deleted_source(tmp_path):
+  mesh = make_mesh(8)
+  state = make_state(mesh)
+  expected = jax.tree.map(np.asarray, state)
+  manager = checkpoints.CheckpointManager(tmp_path, max_to_keep=3)
+  assert manager.latest_step() is None
+  data_state = dict(DATA_STATE)
+  assert manager.save(10, state, data_state)
+  # The training loop donates the state right after save; the copy to host must already be done.
+  jax.tree.map(lambda x: x.delete(), state)
+  data_state['position'] = -1  # save copied it.
+  manager.wait_until_finished()
+  assert manager.latest_step() == 10
+  assert manager.all_steps() == [10]
+
+  target = abstract(expected, mesh)
+  restored, restored_data_state = manager.restore(10, target)
+  assert_trees_equal(restored, expected)
+  assert_shardings(restored, target)
+  assert restored_data_state == DATA_STATE
+  manager.close()
+
+
+def test_max_to_keep_and_save_interval(tmp_path):
+  state = make_state(make_mesh(8))
+  with checkpoints.CheckpointManager(tmp_path, max_to_keep=2, save_interval_steps=2) as manager:
+    assert not manager.save(1, state, DATA_STATE)  # Not a multiple of 2, even as the first.
+    for step in (2, 4, 6):
+      assert manager.save(step, state, DATA_STATE)
+      assert not manager.save(step + 1, state, DATA_STATE)
+    assert manager.save(7, state, DATA_STATE, force=True)
+    assert not manager.save(7, state, DATA_STATE, force=True)  # Never overwritten.
+    manager.wait_until_finished()
+    assert manager.all_steps() == [6, 7]
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['6', '7']
+
+
+@pytest.mark.parametrize('num_devices', [4, 1])
+def test_saved_on_8_devices_restores_on_fewer(tmp_path, num_devices):
+  state = make_state(make_mesh(8))
+  assert state['params']['w'].sharding.shard_shape((16, 8)) == (2, 8)
+  save_steps(tmp_path, {5: state})
+  target = abstract(state, make_mesh(num_devices))
+  manager = checkpoints.CheckpointManager(tmp_path)
+  restored, data_state = manager.restore(5, target)
+  assert_trees_equal(restored, state)
+  assert_shardings(restored, target)
+  assert restored['params']['w'].sharding.shard_shape((16, 8)) == (16 // num_devices, 8)
+  assert data_state == {**DATA_STATE, 'position': 5}
+  manager.close()
+
+
+def test_restore_requires_shardings(tmp_path):
+  state = make_state(make_mesh(8))
+  save_steps(tmp_path, {1: state})
+  no_shardings = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    with pytest.raises(ValueError, match=r"\['params'\]\['w'\].*no sharding"):
+      manager.restore(1, no_shardings)
+    with pytest.raises(ValueError, match='No checkpoint for step 2'):
+      manager.restore(2, abstract(state, make_mesh(1)))
+
+
+def _truncate(path):
+  path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+def _truncate_array_data(step_dir):
+  """Truncates the data files of the merged OCDBT database (per-process copies are not read)."""
+  files = [p for p in (step_dir / 'state' / 'd').iterdir() if p.is_file()]
+  assert files
+  for path in files:
+    _truncate(path)
+
+
+@pytest.mark.parametrize('damage', [
+    _truncate_array_data,
+    lambda step_dir: (step_dir / 'state' / 'manifest.ocdbt').unlink(),
+    lambda step_dir: _truncate(step_dir / 'state' / '_METADATA'),
+    lambda step_dir: (step_dir / 'data_state' / 'metadata').unlink(),
+], ids=['truncated_array_data', 'deleted_manifest', 'truncated_tree_metadata',
+        'deleted_data_state'])
+# When a restore fails, tensorstore callbacks can reach orbax's already-closed asyncio loop.
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+def test_damaged_newest_checkpoint_falls_back_to_previous(tmp_path, caplog, damage):
+  mesh = make_mesh(8)
+  states = {1: make_state(mesh, seed=1), 2: make_state(mesh, seed=2)}
+  save_steps(tmp_path, states)
+  damage(tmp_path / 'checkpoints' / '2')
+
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    assert manager.latest_step() == 2
+    with caplog.at_level(logging.WARNING):
+      restored = manager.restore_latest(abstract(states[1], mesh))
+  assert restored.step == 1
+  assert_trees_equal(restored.state, states[1])
+  assert restored.data_state == {**DATA_STATE, 'position': 1}
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert any('step 2' in w and 'unusable' in w for w in warnings), warnings
+
+
+def test_restore_latest_without_checkpoints_returns_none(tmp_path):
+  mesh = make_mesh(8)
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    assert manager.restore_latest(abstract(make_state(mesh), mesh)) is None
+
+
+def test_restore_latest_raises_when_every_checkpoint_fails(tmp_path):
+  mesh = make_mesh(8)
+  state = make_state(mesh)
+  save_steps(tmp_path, {1: state})
+  wrong = abstract({'params': state['params']}, mesh)  # A state structure the run never saved.
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    with pytest.raises(ValueError, match='could be restored'):
+      manager.restore_latest(wrong)
+
+
+def test_average_of_identical_checkpoints_is_bitwise_identity(tmp_path):
+  mesh = make_mesh(8)
+  state = make_state(mesh)
+  state['params']['w'] = state['params']['w'].at[0, 0].set(-0.0)
+  save_steps(tmp_path, {1: state, 2: state, 3: state, 4: state, 5: state})
+  target = abstract(state['params'], make_mesh(4))
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    averaged = checkpoints.average_checkpoints(manager, manager.all_steps(), target)
+  assert_trees_equal(averaged, state['params'])
+  assert_shardings(averaged, target)
+
+
+def test_average_of_two_checkpoints_is_their_mean(tmp_path):
+  mesh = make_mesh(8)
+  old, new = make_state(mesh, seed=1), make_state(mesh, seed=2)
+  save_steps(tmp_path, {1: old, 2: new})
+  target = abstract(new['params'], mesh)
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    averaged = checkpoints.average_checkpoints(manager, [2, 1], target)
+    whole = checkpoints.average_checkpoints(manager, [1, 2], abstract(new, mesh), subtree=None)
+
+  def mean(a, b):
+    return (np.asarray(a, np.float32) + np.asarray(b, np.float32)) / 2
+
+  # m + (x - m) / 2 and (m + x) / 2 differ by rounding: up to an ulp of the inputs (~1e-7).
+  np.testing.assert_allclose(averaged['w'], mean(old['params']['w'], new['params']['w']),
+                             rtol=1e-6, atol=1e-6)
+  assert averaged['b'].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(
+      np.asarray(averaged['b'], np.float32),
+      mean(old['params']['b'], new['params']['b']).astype(jnp.bfloat16).astype(np.float32))
+  assert averaged['count'].dtype == jnp.int32 and int(averaged['count']) == 3  # Newest, not 2.5.
+  assert_shardings(averaged, target)
+
+  np.testing.assert_allclose(whole['opt_state']['mu'],
+                             mean(old['opt_state']['mu'], new['opt_state']['mu']),
+                             rtol=1e-6, atol=1e-6)
+  assert int(whole['step']) == 102
+  np.testing.assert_array_equal(whole['key'], new['key'])
+
+
+def test_average_rejects_bad_steps(tmp_path):
+  mesh = make_mesh(8)
+  state = make_state(mesh)
+  save_steps(tmp_path, {1: state})
+  target = abstract(state['params'], mesh)
+  with checkpoints.CheckpointManager(tmp_path) as manager:
+    for steps, message in [([], 'at least one'), ([1, 1], 'repeated'), ([1, 9], r'\[9\]')]:
+      with pytest.raises(ValueError, match=message):
+        checkpoints.average_checkpoints(manager, steps, target)
+    with pytest.raises(ValueError, match=r"no leaves \[\"\['paramz'\]\['b'\]"):
+      checkpoints.average_checkpoints(manager, [1], target, subtree='paramz')
+
+
+def _snapshot(directory: pathlib.Path):
+  return sorted((str(p.relative_to(directory)), p.stat().st_size, p.stat().st_mtime_ns)
+                for p in directory.rglob('*'))
+
+
+def test_incompatible_fingerprint_raises_and_leaves_workdir_untouched(tmp_path):
+  fingerprint = {'model': {'d_model': 512, 'num_layers': 6}, 'vocab_size': 64}
+  save_steps(tmp_path, {1: make_state(make_mesh(8))}, fingerprint=fingerprint)
+  before = _snapshot(tmp_path)
+
+  changed = {'model': {'d_model': 256, 'num_layers': 6}, 'vocab_size': 32}
+  with pytest.raises(ValueError) as error:
+    checkpoints.CheckpointManager(tmp_path, fingerprint=changed)
+  message = str(error.value)
+  assert f'workdir {tmp_path} holds a run with model.d_model=512; ' \
+         'this config has model.d_model=256' in message
+  assert 'vocab_size=64' in message and 'vocab_size=32' in message
+  assert 'num_layers' not in message
+  assert _snapshot(tmp_path) == before
+
+  with checkpoints.CheckpointManager(tmp_path, fingerprint=fingerprint) as manager:
+    manager.check_compatible({'vocab_size': 64, 'model': {'num_layers': 6, 'd_model': 512}})
+    with pytest.raises(ValueError, match=r"model.dropout_rate=\(absent\); "
+                                         r"this config has model.dropout_rate=0.1"):
+      manager.check_compatible({**fingerprint, 'model': {**fingerprint['model'],
+                                                         'dropout_rate': 0.1}})

@@ -1,0 +1,245 @@
+"""Tests for transformer_jax.decoding against exhaustive search over a toy second-order model.
+
+The toy model scores the next token from the last two tokens and a per-sentence bias:
+logits = t1[prev1] + t2[prev2] + bias[sentence]. step_fn reads prev2 from a per-row token history
+kept in the cache, so a cache row that is not reordered with its beam changes the scores; every
+returned hypothesis is rescored in NumPy to catch that.
+"""
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import decoding
+
+PAD, BOS, EOS = 0, 1, 2
+VOCAB = 6
+WORDS = (3, 4, 5)
+
+
+def make_model(seed, batch, eos_logit=0.0):
+  rng = np.random.default_rng(seed)
+  t1 = rng.normal(0.0, 2.0, (VOCAB, VOCAB)).astype(np.float32)
+  t1[:, EOS] += eos_logit
+  t2 = rng.normal(0.0, 1.0, (VOCAB, VOCAB)).astype(np.float32)
+  bias = rng.normal(0.0, 1.0, (batch, VOCAB)).astype(np.float32)
+  return t1, t2, bias
+
+
+def make_step_fn(t1, t2, calls=None):
+  t1, t2 = jnp.asarray(t1), jnp.asarray(t2)
+
+  def step_fn(last_tokens, cache):
+    step = cache['step']
+    history = cache['history'].at[:, step].set(last_tokens)  # [rows, max_steps]
+    prev2 = jnp.where(step > 0, history[:, jnp.maximum(step - 1, 0)], PAD)
+    if calls is not None:
+      jax.debug.callback(lambda: calls.append(1))
+    logits = t1[last_tokens] + t2[prev2] + cache['bias']
+    return logits, dict(step=step + 1, history=history, bias=cache['bias'])
+  return step_fn
+
+
+def make_cache(bias, beam_size, max_steps):
+  rows = bias.shape[0] * beam_size
+  return dict(step=jnp.zeros((), jnp.int32),
+              history=jnp.zeros((rows, max_steps), jnp.int32),
+              bias=decoding.expand_to_beams(jnp.asarray(bias), beam_size))
+
+
+def np_log_probs(model, b, prev2, prev1):
+  t1, t2, bias = model
+  logits = (t1[prev1] + t2[prev2] + bias[b]).astype(np.float64)
+  logits[[PAD, BOS]] = -np.inf
+  return logits - np.logaddexp.reduce(logits[np.isfinite(logits)])
+
+
+def np_score(model, b, seq, alpha):
+  history = [PAD, BOS] + list(seq)
+  log_prob = sum(np_log_probs(model, b, history[i], history[i + 1])[history[i + 2]]
+                 for i in range(len(seq)))
+  return log_prob / ((5.0 + len(seq)) / 6.0) ** alpha
+
+
+def all_outputs(max_length):
+  """Every output the search may return: EOS-ended up to max_length, or max_length words."""
+  for n in range(max_length):
+    for words in itertools.product(WORDS, repeat=n):
+      yield words + (EOS,)
+  yield from itertools.product(WORDS, repeat=max_length)
+
+
+def brute_force(model, b, max_length, alpha):
+  scored = sorted(((np_score(model, b, seq, alpha), seq) for seq in all_outputs(max_length)),
+                  reverse=True)
+  return [seq for _, seq in scored], np.array([score for score, _ in scored])
+
+
+def strip(row):
+  return tuple(int(t) for t in row if t != PAD)
+
+
+def run_beam(model, lengths, beam_size, alpha, max_steps, calls=None, jit=True):
+  t1, t2, bias = model
+  search = functools.partial(
+      decoding.beam_search, make_step_fn(t1, t2, calls), batch_size=bias.shape[0],
+      beam_size=beam_size, alpha=alpha, max_steps=max_steps, eos_id=EOS, bos_id=BOS)
+  if jit:
+    search = jax.jit(search)
+  tokens, scores = search(make_cache(bias, beam_size, max_steps),
+                          max_decode_lengths=jnp.asarray(lengths, jnp.int32))
+  return np.asarray(tokens), np.asarray(scores)
+
+
+def run_greedy(model, lengths, max_steps):
+  t1, t2, bias = model
+  search = jax.jit(functools.partial(
+      decoding.greedy_search, make_step_fn(t1, t2), batch_size=bias.shape[0],
+      max_steps=max_steps, eos_id=EOS, bos_id=BOS))
+  return np.asarray(search(make_cache(bias, 1, max_steps),
+                           max_decode_lengths=jnp.asarray(lengths, jnp.int32)))
+
+
+def check_well_formed(tokens, scores, lengths):
+  """EOS only last, PAD only after the end, never BOS, at most L_b tokens, whole if no EOS."""
+  for b, length in enumerate(lengths):
+    for row, score in zip(tokens[b], scores[b]):
+      seq = strip(row)
+      if np.isneginf(score):  # An empty slot.
+        assert not seq
+        continue
+      assert row[len(seq):].tolist() == [PAD] * (len(row) - len(seq))
+      assert BOS not in seq and EOS not in seq[:-1]
+      assert 1 <= len(seq) <= length
+      assert seq[-1] == EOS or len(seq) == length
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6])
+def test_wide_beam_finds_exhaustive_optimum_per_sentence_lengths(alpha):
+  lengths = [4, 1, 3]
+  model = make_model(seed=0, batch=3)
+  tokens, scores = run_beam(model, lengths, beam_size=27, alpha=alpha, max_steps=6)
+  check_well_formed(tokens, scores, lengths)
+  for b, length in enumerate(lengths):
+    want_seqs, want_scores = brute_force(model, b, length, alpha)
+    k = min(27, len(want_seqs))  # L=1 has only 4 outputs: the other slots are empty.
+    assert [strip(row) for row in tokens[b, :k]] == want_seqs[:k]
+    np.testing.assert_allclose(scores[b, :k], want_scores[:k], rtol=1e-5, atol=1e-5)
+    assert np.all(np.isneginf(scores[b, k:])) and np.all(tokens[b, k:] == PAD)
+
+
+def test_hypotheses_sorted_and_rescore_exactly():
+  lengths = [5, 3]
+  model = make_model(seed=1, batch=2)
+  tokens, scores = run_beam(model, lengths, beam_size=4, alpha=0.6, max_steps=7)
+  check_well_formed(tokens, scores, lengths)
+  assert np.all(np.diff(scores, axis=1) <= 0)
+  for b in range(2):
+    # A cache row not moved with its beam would have scored a different history.
+    want = [np_score(model, b, strip(row), 0.6) for row in tokens[b]]
+    np.testing.assert_allclose(scores[b], want, rtol=1e-5, atol=1e-5)
+
+
+def test_hypotheses_without_eos_returned_whole():
+  lengths = [5, 2, 4]
+  model = make_model(seed=2, batch=3, eos_logit=-40.0)
+  tokens, scores = run_beam(model, lengths, beam_size=4, alpha=0.6, max_steps=8)
+  check_well_formed(tokens, scores, lengths)
+  for b, length in enumerate(lengths):
+    for row in tokens[b]:
+      assert len(strip(row)) == length and EOS not in row
+  greedy = run_greedy(model, lengths, max_steps=8)
+  assert [len(strip(row)) for row in greedy] == lengths
+
+
+def bigram_model(from_bos, from_word, rows=None):
+  """Probabilities over (EOS, 3, 4, 5) from BOS, from any word, or from the words in rows."""
+  t1 = np.full((VOCAB, VOCAB), -30.0, np.float32)
+  outputs = np.array([EOS, *WORDS])
+  t1[BOS, outputs] = np.log(from_bos)
+  t1[np.array(WORDS)[:, None], outputs[None, :]] = np.log(from_word)
+  for word, probs in (rows or {}).items():
+    t1[word, outputs] = np.log(probs)
+  return t1, np.zeros_like(t1), np.zeros((1, VOCAB), np.float32)
+
+
+def test_finished_short_hypothesis_does_not_stop_a_longer_winner():
+  # [EOS] scores log 0.4 = -0.916 at step 1. Live [3] has log-prob log 0.35 = -1.050: below -0.916
+  # divided by lp(1) = 1 or by lp(2) = 1.097 (the penalty of its shortest completion), but
+  # [3, 4, EOS] scores log(0.35 * 0.999^2) / lp(3) = -0.885 with alpha = 0.6, so the bound must use
+  # lp(max length).
+  model = bigram_model([0.4, 0.35, 0.125, 0.125], [0.25] * 4,
+                       rows={3: [0.0005, 0.0003, 0.999, 0.0002], 4: [0.999, 0.0005, 0.0003, 0.0002]})
+  tokens, scores = run_beam(model, [10], beam_size=1, alpha=0.6, max_steps=10)
+  assert strip(tokens[0, 0]) == (3, 4, EOS)
+  np.testing.assert_allclose(scores[0, 0], np.log(0.35 * 0.999**2) / (8 / 6) ** 0.6, rtol=1e-5)
+  tokens, _ = run_beam(model, [10], beam_size=1, alpha=0.0, max_steps=10)
+  assert strip(tokens[0, 0]) == (EOS,)
+
+
+def test_stops_early_once_no_live_hypothesis_can_win():
+  # [EOS] scores log 0.9; live [3] is at most log(0.04) / lp(10) = -1.86 afterwards: one step.
+  model = bigram_model([0.9, 0.04, 0.03, 0.03], [0.25, 0.25, 0.25, 0.25])
+  calls = []
+  tokens, _ = run_beam(model, [10], beam_size=1, alpha=0.6, max_steps=10, calls=calls)
+  jax.effects_barrier()
+  assert strip(tokens[0, 0]) == (EOS,)
+  assert len(calls) == 1
+
+
+def test_beam_size_one_equals_greedy_when_no_eos_is_passed_over():
+  # EOS is only likely after word 5. In general beam 1 differs from greedy: it keeps an EOS
+  # ending it passed over (see the next test), which greedy never revisits.
+  model = make_model(seed=3, batch=4, eos_logit=-30.0)
+  t1 = model[0]
+  t1[5, EOS] = 10.0
+  lengths = [6, 3, 6, 2]
+  greedy = run_greedy(model, lengths, max_steps=6)
+  tokens, _ = run_beam(model, lengths, beam_size=1, alpha=0.0, max_steps=6)
+  np.testing.assert_array_equal(tokens[:, 0], greedy)
+
+
+def test_beam_size_one_keeps_a_better_eos_that_greedy_passes_over():
+  model = bigram_model([0.4, 0.5, 0.05, 0.05], [0.6, 0.2, 0.1, 0.1])
+  greedy = run_greedy(model, [5], max_steps=5)
+  tokens, _ = run_beam(model, [5], beam_size=1, alpha=0.0, max_steps=5)
+  assert strip(greedy[0]) == (3, EOS)
+  assert strip(tokens[0, 0]) == (EOS,)  # log 0.4 > log(0.5 * 0.6).
+
+
+def test_greedy_matches_numpy():
+  lengths = [5, 2, 4]
+  model = make_model(seed=4, batch=3)
+  greedy = run_greedy(model, lengths, max_steps=6)
+  for b, length in enumerate(lengths):
+    history = [PAD, BOS]
+    while len(history) - 2 < length and history[-1] != EOS:
+      history.append(int(np.argmax(np_log_probs(model, b, history[-2], history[-1]))))
+    assert strip(greedy[b]) == tuple(history[2:])
+
+
+def test_jit_and_eager_trace_agree():
+  model = make_model(seed=5, batch=2)
+  jitted = run_beam(model, [4, 3], beam_size=3, alpha=0.6, max_steps=5, jit=True)
+  eager = run_beam(model, [4, 3], beam_size=3, alpha=0.6, max_steps=5, jit=False)
+  np.testing.assert_array_equal(jitted[0], eager[0])
+  np.testing.assert_allclose(jitted[1], eager[1], rtol=1e-6)
+
+
+def test_expand_to_beams_is_beam_major():
+  x = jnp.arange(6).reshape(2, 3)
+  np.testing.assert_array_equal(decoding.expand_to_beams(x, 2), [[0, 1, 2]] * 2 + [[3, 4, 5]] * 2)
+
+
+def test_bad_arguments_raise():
+  t1, t2, bias = make_model(seed=6, batch=2)
+  kwargs = dict(batch_size=2, beam_size=3, alpha=0.6, max_steps=4, eos_id=EOS, bos_id=BOS)
+  with pytest.raises(ValueError, match='leading dimension 6'):
+    decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 2, 4),
+                         max_decode_lengths=jnp.array([4, 4]), **kwargs)
+  with pytest.raises(ValueError, match=r'expected \(2,\)'):
+    decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4),
+                         max_decode_lengths=jnp.array([4, 4, 4]), **kwargs)

@@ -1,0 +1,315 @@
+"""Tests for transformer_jax.input_pipeline on the real Multi30k corpus (en -> de, vocabulary 8000)."""
+import collections
+import gzip
+import importlib.util
+import json
+import logging
+import pathlib
+import shutil
+import socket
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from transformer_jax import input_pipeline
+from transformer_jax import multi30k
+from transformer_jax import tokenizer as tokenizer_lib
+
+tfds.disable_progress_bar()
+EOS, BOS = tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID
+
+
+def base_config():
+  """configs/base.py's get_config(), loaded by path: the repository root need not be on sys.path."""
+  spec = importlib.util.spec_from_file_location('base', pathlib.Path(__file__).parents[1] / 'configs' / 'base.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+BUCKETS = base_config().data.bucket_lengths
+
+
+def data_config(**overrides):
+  data = base_config().data
+  for key, value in overrides.items():
+    data[key] = value
+  return data
+
+
+@pytest.fixture(scope='module')
+def tokenizer(multi30k_dir, tmp_path_factory):
+  def sentences():
+    return [line for lang in ('en', 'de') for line in multi30k.read_lines(multi30k_dir / f'train.{lang}.gz')]
+  return tokenizer_lib.train_or_load(tmp_path_factory.mktemp('vocab'), sentences, 8000)
+
+
+@pytest.fixture(scope='module')
+def train_ids(tokenizer, multi30k_dir):
+  """Token ids of the whole training split, (source, target) as Ragged."""
+  return tuple(input_pipeline.encode(tokenizer, multi30k.read_lines(multi30k_dir / f'train.{lang}.gz'))
+               for lang in ('en', 'de'))
+
+
+def make_iterator(train_ids, **kwargs):
+  kwargs = {'tokens_per_batch': 25_000, 'max_length': 256, 'bucket_lengths': BUCKETS, **kwargs}
+  return input_pipeline.TrainIterator(*train_ids, **kwargs)
+
+
+def one_epoch(iterator):
+  """The batches of the iterator's current epoch, the state at its end, and the first batch of the next."""
+  batches = []
+  while True:
+    state = iterator.get_state()
+    batch = next(iterator)
+    if iterator.get_state()['epoch'] != state['epoch']:
+      return batches, state, batch
+    batches.append(batch)
+
+
+def row_pairs(batch):
+  """(source tokens, target tokens) of every row that holds a pair, as tuples without padding."""
+  return [(tuple(s[s != 0]), tuple(t[t != 0])) for s, t in zip(batch['source_tokens'], batch['target_tokens'])
+          if s.any()]
+
+
+def expected_pairs(train_ids, max_length=256):
+  source, target = train_ids
+  return collections.Counter(
+      (tuple(source[i]) + (EOS,), tuple(target[i]) + (EOS,)) for i in range(len(source))
+      if 0 < len(source[i]) < max_length and 0 < len(target[i]) < max_length)
+
+
+def assert_batches_equal(first, second):
+  assert first.keys() == second.keys()
+  for key in first:
+    np.testing.assert_array_equal(first[key], second[key], err_msg=key)
+
+
+def test_bucketed_epoch_respects_budget_and_uses_every_pair_once(train_ids):
+  iterator = make_iterator(train_ids, batch_size_multiple=8)
+  batches, _, _ = one_epoch(iterator)
+  shapes = {batch['source_tokens'].shape for batch in batches}
+  assert shapes == set(iterator.shapes) and 4 <= len(shapes) <= 9  # Multi30k pairs need buckets 8 to 64.
+  lengths = sorted(length for _, length in shapes)
+  moved_up = 0
+  for batch in batches:
+    rows, length = batch['source_tokens'].shape
+    assert rows * length <= 25_000 and rows % 8 == 0
+    assert batch['target_tokens'].shape == batch['decoder_input_tokens'].shape == (rows, length)
+    assert all(value.dtype == np.int32 for value in batch.values())
+    smaller = max([0] + [l for l in lengths if l < length])
+    for source, target in row_pairs(batch):
+      assert max(len(source), len(target)) <= length
+      moved_up += max(len(source), len(target)) <= smaller  # Not in the smallest bucket that fits.
+      assert source[-1] == EOS and target[-1] == EOS and EOS not in source[:-1] + target[:-1]
+    shifted = np.where(batch['target_tokens'] != 0, np.roll(batch['target_tokens'], 1, axis=1), 0)
+    shifted[:, 0] = np.where(batch['target_tokens'][:, 0] != 0, BOS, 0)
+    np.testing.assert_array_equal(batch['decoder_input_tokens'], shifted)
+  assert moved_up < sum(rows for rows, _ in shapes)  # Only leftovers, less than one batch per bucket, move up.
+  assert sum(not batch['source_tokens'][-1].any() for batch in batches) == 1  # One batch has padding rows.
+  seen = collections.Counter(pair for batch in batches for pair in row_pairs(batch))
+  assert seen == expected_pairs(train_ids)
+
+
+def unpack(batch):
+  """(source, target) token tuples of every segment of a packed batch, checking positions and decoder inputs."""
+  pairs = []
+  for row in range(len(batch['source_tokens'])):
+    source_segments, target_segments = batch['source_segment_ids'][row], batch['target_segment_ids'][row]
+    for side in ('source', 'target'):
+      used = batch[f'{side}_segment_ids'][row] != 0
+      assert np.all(np.diff(used.astype(int)) <= 0)  # Padding only at the end of the row.
+      np.testing.assert_array_equal(used, batch[f'{side}_tokens'][row] != 0)
+    for segment in range(1, source_segments.max() + 1):
+      source = batch['source_tokens'][row][source_segments == segment]
+      target = batch['target_tokens'][row][target_segments == segment]
+      decoder_input = batch['decoder_input_tokens'][row][target_segments == segment]
+      np.testing.assert_array_equal(batch['source_positions'][row][source_segments == segment],
+                                    np.arange(len(source)))
+      np.testing.assert_array_equal(batch['target_positions'][row][target_segments == segment],
+                                    np.arange(len(target)))
+      np.testing.assert_array_equal(decoder_input, np.concatenate([[BOS], target[:-1]]))
+      pairs.append((tuple(source), tuple(target)))
+    assert set(target_segments) - {0} == set(source_segments) - {0}
+  return pairs
+
+
+def test_packing_keeps_every_token_exactly_once(train_ids):
+  iterator = make_iterator(train_ids, packing=True, batch_size_multiple=8)
+  assert iterator.shapes == [(384, 64)]  # 25000 // 64 = 390 rows, rounded down to a multiple of 8.
+  first_pairs = tuple(input_pipeline.Ragged.from_lists([ids[i] for i in range(6000)]) for ids in train_ids)
+  iterator = make_iterator(first_pairs, packing=True, tokens_per_batch=8000)  # Fewer segments to check: faster.
+  batches, _, _ = one_epoch(iterator)
+  assert iterator.shapes == [(166, 48)]  # These pairs need at most 48 slots; 8000 // 48 = 166 rows.
+  assert {batch['source_tokens'].shape for batch in batches} == {(166, 48)}
+  assert all(len(batch) == 7 for batch in batches)
+  seen = collections.Counter(pair for batch in batches for pair in unpack(batch))
+  assert seen == expected_pairs(first_pairs)
+
+
+def test_skips_empty_and_overlong_pairs(caplog):
+  source = [[5, 6], [], [5], [7] * 20, [8] * 15, [9]]
+  target = [[7], [5], [], [6], [6], [9] * 16]
+  with caplog.at_level(logging.INFO):
+    iterator = input_pipeline.TrainIterator(source, target, tokens_per_batch=64, max_length=16,
+                                            bucket_lengths=(4, 8))
+  assert 'skipped 2 with an empty side and 2 longer than max_length=16' in caplog.text
+  assert iterator.shapes == [(4, 16)]  # The lone pair of bucket 4 moves up to bucket 16 (max_length).
+  batches, _, _ = one_epoch(iterator)
+  assert sorted(pair for batch in batches for pair in row_pairs(batch)) == [
+      ((5, 6, EOS), (7, EOS)), ((8,) * 15 + (EOS,), (6, EOS))]
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_same_seed_same_batches(train_ids, packing):
+  first, second = make_iterator(train_ids, packing=packing), make_iterator(train_ids, packing=packing)
+  other = make_iterator(train_ids, packing=packing, shuffle_seed=1)
+  for _ in range(4):
+    batch = next(first)
+    assert_batches_equal(batch, next(second))
+  assert not np.array_equal(next(first)['source_tokens'], next(other)['source_tokens'])
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_restored_iterator_continues_identically(train_ids, packing):
+  iterator = make_iterator(train_ids, packing=packing)
+  for _ in range(3):
+    next(iterator)
+  state = json.loads(json.dumps(iterator.get_state()))  # Checkpoints store it as JSON.
+  expected = [next(iterator) for _ in range(2)]
+  restored = make_iterator(train_ids, packing=packing)
+  restored.set_state(state)
+  for batch in expected:
+    assert_batches_equal(batch, next(restored))
+
+  _, end_state, first_of_next_epoch = one_epoch(make_iterator(train_ids, packing=packing))
+  restored.set_state(end_state)
+  assert_batches_equal(next(restored), first_of_next_epoch)
+  assert restored.get_state()['epoch'] == 1
+
+
+def test_set_state_rejects_bad_keys(train_ids):
+  with pytest.raises(ValueError, match=r"got \['epoch', 'step'\]"):
+    make_iterator(train_ids).set_state({'epoch': 0, 'step': 3})
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_host_slices_concatenate_to_global_batch(train_ids, packing):
+  whole = make_iterator(train_ids, packing=packing, batch_size_multiple=2)
+  hosts = [make_iterator(train_ids, packing=packing, batch_size_multiple=2, process_index=i, process_count=2)
+           for i in range(2)]
+  for _ in range(3):
+    batch, parts = next(whole), [next(host) for host in hosts]
+    assert len(parts[0]['source_tokens']) == len(batch['source_tokens']) // 2
+    assert_batches_equal(batch, {key: np.concatenate([part[key] for part in parts]) for key in batch})
+
+
+def test_batch_size_errors(train_ids):
+  with pytest.raises(ValueError, match='tokens_per_batch=500 is too small for length 64 with batch_size_multiple=8'):
+    make_iterator(train_ids, tokens_per_batch=500, batch_size_multiple=8)
+  with pytest.raises(ValueError, match=r'does not divide by process_count=2'):
+    make_iterator(train_ids, batch_size_multiple=3, process_count=2)
+
+
+def test_eval_batches_keep_every_line(tokenizer, multi30k_dir, caplog):
+  source_text, target_text = (multi30k.read_lines(multi30k_dir / f'val.{lang}.gz') for lang in ('en', 'de'))
+  source_text[5] = target_text[5] = ''
+  source_text[10] = ' '.join(['horse'] * 100)
+  target_text[20] = ' '.join(['Pferd'] * 100)
+  source, target = tokenizer.encode(source_text), tokenizer.encode(target_text)
+  with caplog.at_level(logging.WARNING):
+    batches = input_pipeline.eval_batches(source, target, tokens_per_batch=2000, max_length=64,
+                                          bucket_lengths=BUCKETS, batch_size_multiple=4)
+  assert 'Truncated 1 source sentences to max_length=64 tokens (EOS included); lines [11]' in caplog.text
+  assert 'Truncated 1 target sentences' in caplog.text and 'lines [21]' in caplog.text
+  rows = {}
+  for batch in batches:
+    size, length = batch['source_tokens'].shape
+    assert size * length <= 2000 and size % 4 == 0
+    for index, row in zip(batch['example_index'], zip(*(batch[key] for key in (
+        'source_tokens', 'target_tokens', 'decoder_input_tokens')))):
+      if index < 0:
+        assert not any(part.any() for part in row)
+      else:
+        assert index not in rows
+        rows[int(index)] = [tuple(part[part != 0]) for part in row]
+  assert sorted(rows) == list(range(1014))
+  for index in range(1014):
+    expected_source = tuple(source[index][:63]) + (EOS,)
+    expected_target = tuple(target[index][:63]) + (EOS,)
+    assert rows[index] == [expected_source, expected_target, (BOS,) + expected_target[:-1]]
+  assert rows[5] == [(EOS,), (EOS,), (BOS,)]
+  assert len(rows[10][0]) == 64 and len(rows[20][1]) == 64
+
+
+def write_text(path: pathlib.Path, text: bytes) -> str:
+  path.write_bytes(gzip.compress(text) if path.suffix == '.gz' else text)
+  return str(path)
+
+
+def test_load_split_text_files(tmp_path):
+  train = write_text(tmp_path / 'train.en', 'A dog.\n\nA café.\n'.encode())
+  train_de = write_text(tmp_path / 'train.de.gz', 'Ein Hund.\n\nEin Café.\n'.encode())
+  eval_en, eval_de = write_text(tmp_path / 'e.en', b'x\n'), write_text(tmp_path / 'e.de', b'y\n')
+  data = data_config(dataset='text', train_files=f'{train},{train_de}', eval_files=f'{eval_en}, {eval_de}')
+  assert input_pipeline.load_split(data, 'train') == (['A dog.', '', 'A café.'], ['Ein Hund.', '', 'Ein Café.'])
+  assert input_pipeline.load_split(data, 'validation') == (['x'], ['y'])
+  with pytest.raises(ValueError, match="Split 'test' of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH'"):
+    input_pipeline.load_split(data, 'test')
+  with pytest.raises(ValueError, match="Split 'dev' is none of"):
+    input_pipeline.load_split(data, 'dev')
+
+
+def test_load_split_text_errors(tmp_path):
+  en = write_text(tmp_path / 'a.en', b'one\ntwo\nthree\n')
+  de = write_text(tmp_path / 'a.de', b'eins\nzwei\n')
+  bad = write_text(tmp_path / 'bad.de.gz', b'eins\nzwei\ndr\xe4i\n')
+  with pytest.raises(ValueError, match=f'{en} has 3, {de} has 2'):
+    input_pipeline.load_split(data_config(dataset='text', train_files=f'{en},{de}'), 'train')
+  with pytest.raises(ValueError, match=r'bad\.de\.gz: line 3 is not valid UTF-8'):
+    input_pipeline.load_split(data_config(dataset='text', train_files=f'{en},{bad}'), 'train')
+  with pytest.raises(FileNotFoundError, match='missing.de'):
+    input_pipeline.load_split(data_config(dataset='text', train_files=f'{en},{tmp_path}/missing.de'), 'train')
+
+
+def test_load_split_multi30k(tmp_path, multi30k_dir):
+  manual_dir = tmp_path / 'manual'  # The real validation files, and two training lines so that preparing is fast.
+  manual_dir.mkdir()
+  for name in multi30k.file_names():
+    if name.startswith('train'):
+      write_text(manual_dir / name, b'a\nb\n')
+    else:
+      shutil.copy(multi30k_dir / name, manual_dir / name)
+  data = data_config(dataset='multi30k', manual_dir=str(manual_dir), tfds_data_dir=str(tmp_path / 'tfds'),
+                     source_lang='fr', target_lang='en')
+  source, target = input_pipeline.load_split(data, 'validation')
+  assert source == multi30k.read_lines(multi30k_dir / 'val.fr.gz')
+  assert target == multi30k.read_lines(multi30k_dir / 'val.en.gz')
+  data.target_lang = 'cs'
+  with pytest.raises(ValueError, match=r"multi30k has languages \['de', 'en', 'fr'\], not \('fr', 'cs'\)"):
+    input_pipeline.load_split(data, 'validation')
+
+
+def test_load_split_multi30k_manual_dir_lacks_files(tmp_path):
+  data = data_config(dataset='multi30k', manual_dir=str(tmp_path), tfds_data_dir=str(tmp_path / 'tfds'))
+  with pytest.raises(ValueError, match='lacks train.en.gz, train.de.gz'):
+    input_pipeline.load_split(data, 'train')
+
+
+def test_load_split_wmt14_mock(monkeypatch):
+  def no_network(*args):
+    raise AssertionError(f'network access: {args}')
+  monkeypatch.setattr(socket.socket, 'connect', no_network)
+  with tfds.testing.mock_data(num_examples=12):
+    for split in ('validation', 'test'):
+      source, target = input_pipeline.load_split(data_config(), split)
+      assert len(source) == len(target) == 12
+      assert all(isinstance(text, str) for text in source + target)
+
+
+def test_measure_throughput(train_ids):
+  stats = input_pipeline.measure_throughput(make_iterator(train_ids), 5)
+  assert stats['batches_per_sec'] > 0 and stats['tokens_per_sec'] > 0
+  assert 0 < stats['padding_fraction'] < 1 and 1 <= stats['distinct_shapes'] <= 5

@@ -1,0 +1,70 @@
+"""Tests for transformer_jax.layers: positional encodings (§3.5) and the feed-forward network (§3.3)."""
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import layers
+
+
+@pytest.mark.parametrize('d_model', [8, 7, 512])
+def test_sinusoidal_encoding_matches_formula(d_model):
+  positions = [0, 1, 5, 17, 63, 100]
+  pe = np.asarray(layers.sinusoidal_position_encoding(jnp.asarray(positions), d_model))
+  assert pe.shape == (len(positions), d_model) and pe.dtype == np.float32
+  for row, pos in enumerate(positions):
+    for i in sorted({0, 1, (d_model - 1) // 2 // 2, (d_model - 1) // 2}):
+      angle = pos / 10000 ** (2 * i / d_model)  # §3.5, in float64.
+      assert pe[row, 2 * i] == pytest.approx(math.sin(angle), abs=2e-5), (pos, 2 * i)
+      if 2 * i + 1 < d_model:  # With odd d_model the last dimension is a sine without its cosine.
+        assert pe[row, 2 * i + 1] == pytest.approx(math.cos(angle), abs=2e-5), (pos, 2 * i + 1)
+
+
+def test_sinusoidal_encoding_batched_positions():
+  positions = jnp.array([[0, 1, 2], [0, 0, 1]])  # Packed rows restart their positions.
+  pe = layers.sinusoidal_position_encoding(positions, 6)
+  assert pe.shape == (2, 3, 6)
+  np.testing.assert_array_equal(pe[1, 1], pe[0, 0])
+  np.testing.assert_array_equal(pe[1, 2], pe[0, 1])
+
+
+def test_position_embedding_adds_sinusoids():
+  x = jnp.ones((2, 4, 6))
+  out = layers.PositionEmbedding('sinusoidal').apply({}, x, None)
+  np.testing.assert_allclose(out, x + layers.sinusoidal_position_encoding(jnp.arange(4), 6)[None], rtol=1e-6)
+  np.testing.assert_array_equal(layers.PositionEmbedding('none').apply({}, x, None), x)
+
+
+def test_learned_positions_longer_than_max_length_raise():
+  module = layers.PositionEmbedding('learned', max_length=4)
+  params = module.init(jax.random.key(0), jnp.zeros((1, 4, 8)), None)
+  assert nn.unbox(params)['params']['position_embedding'].shape == (4, 8)
+  with pytest.raises(ValueError, match='max_length=4'):
+    module.apply(params, jnp.zeros((1, 5, 8)), None)
+
+
+def test_feed_forward_shape_and_relu():
+  d_model, d_ff = 6, 16
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, d_model)), jnp.float32)
+  module = layers.FeedForward(d_ff)
+  params = nn.unbox(module.init(jax.random.key(0), x))['params']
+  params['b1'] = jnp.linspace(-1.0, 1.0, d_ff)  # Non-zero biases, so b1 and b2 are exercised.
+  params['b2'] = jnp.linspace(-0.5, 0.5, d_model)
+  out = module.apply({'params': params}, x)
+  assert out.shape == x.shape and out.dtype == jnp.float32
+  w1, b1, w2, b2 = (np.asarray(params[name]) for name in ('w1', 'b1', 'w2', 'b2'))
+  hidden = np.asarray(x) @ w1 + b1
+  assert (hidden < 0).any() and (hidden > 0).any()  # The ReLU has something to cut.
+  np.testing.assert_allclose(out, np.maximum(hidden, 0.0) @ w2 + b2, rtol=1e-5, atol=1e-5)  # Eq. 2.
+  assert not np.allclose(out, hidden @ w2 + b2, atol=1e-3)
+
+
+def test_feed_forward_bfloat16_compute_keeps_float32_params():
+  x = jnp.ones((1, 2, 4), jnp.bfloat16)
+  module = layers.FeedForward(8, dtype=jnp.bfloat16)
+  params = module.init(jax.random.key(0), x)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.unbox(params)))
+  assert module.apply(params, x).dtype == jnp.bfloat16

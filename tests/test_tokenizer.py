@@ -1,0 +1,107 @@
+"""Tests for transformer_jax.tokenizer on the real Multi30k corpus (vocabulary 8000, trained in about 1 s)."""
+import threading
+import unicodedata
+
+import numpy as np
+import pytest
+
+from transformer_jax import multi30k
+from transformer_jax import tokenizer as tokenizer_lib
+
+UNSEEN = ['Ein Mann 🙂 mit 日本語 und naïve café.', '東京で猫が寝ている。', 'مرحبا بالعالم', 'Ωμέγα ∑ ≠ 😀👍🏽', 'Straße Ærø']
+
+
+def training_sentences(multi30k_dir, num_lines=None):
+  def sentences():
+    for lang in ('en', 'de'):
+      yield from multi30k.read_lines(multi30k_dir / f'train.{lang}.gz')[:num_lines]
+  return sentences
+
+
+@pytest.fixture(scope='module')
+def tokenizer(multi30k_dir, tmp_path_factory) -> tokenizer_lib.Tokenizer:
+  return tokenizer_lib.train_or_load(tmp_path_factory.mktemp('vocab'), training_sentences(multi30k_dir), 8000)
+
+
+def normalized(text: str) -> str:
+  """The documented policy: NFKC, whitespace trimmed and collapsed to single spaces."""
+  return ' '.join(unicodedata.normalize('NFKC', text).split())
+
+
+def test_special_ids_and_size(tokenizer):
+  assert (tokenizer_lib.PAD_ID, tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID, tokenizer_lib.UNK_ID) == (0, 1, 2, 3)
+  assert tokenizer.vocab_size == 8000
+  ids = tokenizer.encode(['A man in a blue shirt.', 'Ein Mann in einem blauen Hemd.', ''])
+  assert ids[2] == []
+  flat = [i for row in ids for i in row]
+  assert min(flat) > tokenizer_lib.UNK_ID and max(flat) < 8000
+
+
+def test_round_trip_validation_set(tokenizer, multi30k_dir):
+  for lang in ('en', 'de', 'fr'):  # French is not in the training sentences: byte fallback covers its letters.
+    lines = multi30k.read_lines(multi30k_dir / f'val.{lang}.gz')
+    assert tokenizer.decode(tokenizer.encode(lines)) == [normalized(line) for line in lines]
+
+
+def test_round_trip_unseen_characters_exact(tokenizer):
+  ids = tokenizer.encode(UNSEEN)
+  assert tokenizer.decode(ids) == UNSEEN
+  assert all(tokenizer_lib.UNK_ID not in row for row in ids)
+  assert any(4 <= i < 4 + 256 for i in ids[1])  # Byte pieces <0x00>..<0xFF> follow the special ids.
+
+
+def test_normalisation_policy(tokenizer):
+  texts = ['ﬁne ｆｕｌｌ ＡＢＣ', '  two   spaces\tand a tab  ', 'x\u00a0y', 'Ǆ ŀ ²']
+  expected = ['fine full ABC', 'two spaces and a tab', 'x y', 'DŽ l· 2']
+  assert tokenizer.decode(tokenizer.encode(texts)) == expected
+  assert [normalized(text) for text in texts] == expected
+
+
+def test_decode_stops_at_eos_and_drops_pad_bos(tokenizer):
+  ids = tokenizer.encode(['Zwei Hunde spielen im Schnee.'])[0]
+  eos, bos, pad = tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID, tokenizer_lib.PAD_ID
+  rows = [[bos] + ids + [eos] + ids + [pad], [bos, pad] + ids + [pad, pad, eos]]
+  assert tokenizer.decode(rows) == ['Zwei Hunde spielen im Schnee.'] * 2
+  padded = np.zeros((2, len(ids) + 5), np.int32)  # Rows of a [batch, length] array, as decoding returns them.
+  padded[0, :len(ids) + 2] = [bos] + ids + [eos]
+  padded[1, 1:len(ids) + 1] = ids
+  assert tokenizer.decode(padded) == ['Zwei Hunde spielen im Schnee.'] * 2
+  assert tokenizer.decode([[eos] + ids, []]) == ['', '']
+
+
+def test_train_or_load_loads_existing_file(tokenizer, multi30k_dir, tmp_path):
+  def fail():
+    raise AssertionError('must not train again')
+  first = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 2000), 1000)
+  second = tokenizer_lib.train_or_load(tmp_path, fail, 1000)
+  assert [p.name for p in tmp_path.iterdir()] == ['spm_1000.model']  # No temporary file left.
+  assert second.encode(UNSEEN) == first.encode(UNSEEN)
+
+
+def test_other_processes_wait_for_process_0(multi30k_dir, tmp_path):
+  results = {}
+  waiter = threading.Thread(target=lambda: results.update(
+      waiter=tokenizer_lib.train_or_load(tmp_path, None, 1000, process_index=1, poll_secs=0.05, timeout_secs=60)))
+  waiter.start()
+  trained = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 2000), 1000, process_index=0)
+  waiter.join(timeout=60)
+  assert results['waiter'].encode(UNSEEN) == trained.encode(UNSEEN)
+
+
+def test_wait_times_out(tmp_path):
+  with pytest.raises(TimeoutError, match='Process 3: .*spm_500.model did not appear within 0.1 s'):
+    tokenizer_lib.train_or_load(tmp_path, None, 500, process_index=3, timeout_secs=0.1, poll_secs=0.02)
+
+
+def test_bad_arguments(tmp_path):
+  with pytest.raises(ValueError, match="'wordpiece'"):
+    tokenizer_lib.train_or_load(tmp_path, None, 1000, model_type='wordpiece')
+  with pytest.raises(ValueError, match='vocab_size must be positive, got 0'):
+    tokenizer_lib.train_or_load(tmp_path, None, 0)
+
+
+def test_sampled_training_is_reproducible(multi30k_dir, tmp_path):
+  """At most max_sentences sentences train the model; the sample, and so the model file, is the same every run."""
+  for name in ('a', 'b'):
+    tokenizer_lib.train_or_load(tmp_path / name, training_sentences(multi30k_dir, 4000), 1000, max_sentences=1500)
+  assert (tmp_path / 'a' / 'spm_1000.model').read_bytes() == (tmp_path / 'b' / 'spm_1000.model').read_bytes()

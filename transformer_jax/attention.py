@@ -1,0 +1,286 @@
+"""Scaled dot-product attention (§3.2.1) and multi-head attention (§3.2.2), with their masks.
+
+Einsum letters: b batch, q query length, k key length, h heads, d d_k, v d_v, m d_model.
+Masks are bool and broadcast to [batch, num_heads, q_len, kv_len]; True means "may attend".
+"""
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax import sharding
+
+Array = jax.Array
+
+# Glorot-uniform initialisation of every projection (the paper does not state one).
+default_kernel_init = nn.initializers.xavier_uniform
+
+
+def einsum(spec: str, lhs: Array, rhs: Array, out_dtype: Any = None) -> Array:
+  """jnp.einsum that multiplies in the inputs' dtype, accumulates in float32 and returns out_dtype.
+
+  For bfloat16 inputs the backward pass also multiplies bf16 by bf16 with float32 accumulation: plain
+  autodiff would feed the float32 cotangent into the weight-gradient products, which then run at float32
+  speed (on CPUs with AMX and on accelerators a bf16 product is only fast with float32 accumulation,
+  ../shared/ENVIRONMENT.md). Every index of an operand must appear in the other operand or the output.
+
+  Args:
+    spec: two-operand einsum spec with explicit output, e.g. 'blm,mhd->blhd'.
+    lhs, rhs: arrays of one floating dtype.
+    out_dtype: the result's dtype; lhs.dtype by default (float32 for attention scores and logits).
+
+  Returns:
+    The product in out_dtype.
+  """
+  return _einsum(spec, jnp.dtype(out_dtype or lhs.dtype), lhs, rhs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _einsum(spec, out_dtype, lhs, rhs):
+  return jnp.einsum(spec, lhs, rhs, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+def _einsum_fwd(spec, out_dtype, lhs, rhs):
+  return _einsum(spec, out_dtype, lhs, rhs), (lhs, rhs)
+
+
+def _einsum_bwd(spec, out_dtype, residuals, cotangent):
+  del out_dtype
+  lhs, rhs = residuals
+  inputs, output = spec.split('->')
+  lhs_spec, rhs_spec = inputs.split(',')
+  cotangent = cotangent.astype(lhs.dtype)
+  d_lhs = jnp.einsum(f'{output},{rhs_spec}->{lhs_spec}', cotangent, rhs, preferred_element_type=jnp.float32)
+  d_rhs = jnp.einsum(f'{lhs_spec},{output}->{rhs_spec}', lhs, cotangent, preferred_element_type=jnp.float32)
+  return d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype)
+
+
+_einsum.defvjp(_einsum_fwd, _einsum_bwd)
+
+
+def dropout(x: Array, rate: float, rng: Array) -> Array:
+  """Inverted dropout: zeroes each element with probability `rate` and scales the rest by 1/(1-rate).
+
+  The keep mask comes from a counter-based hash (the murmur3 finaliser over element index and a 64-bit
+  seed drawn from `rng`), compared at 16-bit resolution (so `rate` is honoured to within 1/65536).
+  jax.random.bernoulli costs ~25 ns per element on a CPU, as much as the whole forward pass of a small
+  model; the hash is elementwise integer arithmetic that XLA fuses into the surrounding ops.
+
+  Args:
+    x: any shape and floating dtype.
+    rate: drop probability in [0, 1).
+    rng: a PRNG key (from make_rng('dropout')).
+
+  Returns:
+    x's shape and dtype.
+  """
+  seed = jax.random.bits(rng, (2,), jnp.uint32)
+  index = jnp.zeros(x.shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(x.ndim)):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride)
+    stride *= x.shape[axis]
+  h = (index * jnp.uint32(0x9E3779B1)) ^ seed[0]
+  h = h + seed[1] * jnp.uint32(0x85EBCA77)
+  for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+    h = (h ^ (h >> shift)) * jnp.uint32(multiplier)
+  h = h ^ (h >> 16)
+  threshold = jnp.uint32(round(rate * 65536))
+  keep = (h >> 16) >= threshold
+  return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros_like(x))
+
+
+class Dropout(nn.Module):
+  """Dropout with `dropout` above; a no-op when deterministic or rate == 0."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    return dropout(x, self.rate, self.make_rng('dropout'))
+
+
+def padding_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
+  """Mask that keeps each query inside its own sentence (segment) and away from padding.
+
+  Args:
+    query_segment_ids: int [batch, q_len]; 0 marks padding, 1..n number the packed sentences of a row
+      (an unpacked batch has segment id 1 on every real token).
+    key_segment_ids: int [batch, kv_len], same convention.
+
+  Returns:
+    bool [batch, 1, q_len, kv_len]: True where query and key share a non-zero segment id. Padded queries
+    attend to nothing (their outputs are zeros, see `dot_product_attention`).
+  """
+  same = query_segment_ids[:, :, None] == key_segment_ids[:, None, :]
+  return (same & (key_segment_ids[:, None, :] != 0))[:, None, :, :]
+
+
+def causal_mask(length: int) -> Array:
+  """bool [1, 1, length, length]: query t may attend to keys 0..t (§3.2.3, decoder self-attention)."""
+  return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None, :, :]
+
+
+def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | None, *,
+                          dropout_rate: float = 0.0, dropout_rng: Array | None = None,
+                          deterministic: bool = True) -> tuple[Array, Array]:
+  """Scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V (§3.2.1, Eq. 1).
+
+  The mask is applied before the softmax; the softmax runs in float32. A query whose keys are all masked
+  gets zero weights (so a zero output and no gradient), never NaN.
+
+  Args:
+    query: [batch, q_len, num_heads, d_k], compute dtype.
+    key: [batch, kv_len, num_heads, d_k].
+    value: [batch, kv_len, num_heads, d_v].
+    mask: bool, broadcastable to [batch, num_heads, q_len, kv_len]; True where attention is allowed.
+      None allows everything.
+    dropout_rate: dropout on the attention weights (not in the paper; 0 by default).
+    dropout_rng: PRNG key for that dropout.
+    deterministic: disables dropout.
+
+  Returns:
+    (output [batch, q_len, num_heads, d_v] in value.dtype,
+     weights float32 [batch, num_heads, q_len, kv_len]).
+
+  Raises:
+    ValueError: if query and key disagree on d_k or key and value on kv_len.
+  """
+  if query.shape[-1] != key.shape[-1]:
+    raise ValueError(f'query d_k={query.shape[-1]} differs from key d_k={key.shape[-1]}')
+  if key.shape[1] != value.shape[1]:
+    raise ValueError(f'key length {key.shape[1]} differs from value length {value.shape[1]}')
+  out_dtype = value.dtype
+  if jax.default_backend() == 'cpu' and query.dtype != jnp.float32:
+    # XLA:CPU has no batched bf16 x bf16 -> float32 dot ("DotThunk"); attention is a small share there.
+    query, key, value = (x.astype(jnp.float32) for x in (query, key, value))
+  query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+  scores = einsum('bqhd,bkhd->bhqk', query, key, jnp.float32)  # [batch, num_heads, q_len, kv_len]
+  if mask is not None:
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=-1)
+  if mask is not None:
+    # A fully masked row has a uniform softmax over -inf-like scores: zero it (and its gradient).
+    weights = jnp.where(mask, weights, 0.0)
+  if not deterministic and dropout_rate > 0.0:
+    weights = dropout(weights, dropout_rate, dropout_rng)
+  output = einsum('bhqk,bkhv->bqhv', weights.astype(value.dtype), value)
+  return output.astype(out_dtype), weights
+
+
+def fused_dot_product_attention(query: Array, key: Array, value: Array, mask: Array | None) -> Array:
+  """Eq. 1 through `jax.nn.dot_product_attention` (cuDNN flash attention on GPUs); inference and training.
+
+  Same arguments as `dot_product_attention`, except d_v must equal d_k and there is no weight dropout. Fully
+  masked query rows are zeroed afterwards, as in the reference path.
+  """
+  output = jax.nn.dot_product_attention(query, key, value, mask=mask)
+  if mask is None:
+    return output
+  any_key = jnp.any(mask, axis=-1)  # [batch or 1, heads or 1, q_len]
+  any_key = jnp.broadcast_to(any_key, (any_key.shape[0], any_key.shape[1], query.shape[1]))
+  return output * jnp.swapaxes(any_key, 1, 2)[..., None].astype(output.dtype)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention, Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+  §3.2.2, with num_heads, d_k and d_v independent (Table 3 rows A and B). The projections have no bias,
+  as in the paper's equations. In decoding mode (`decode=True`) a self-attention layer appends each step's
+  key and value to a cache; a cross-attention layer projects the encoder output once per sentence and keeps
+  the result in the cache (`cross_attention=True`).
+
+  Attributes:
+    num_heads: h.
+    d_k: query/key size per head.
+    d_v: value size per head.
+    dropout_rate: dropout on the attention weights (not in the paper).
+    cross_attention: keys and values come from `memory` (encoder-decoder attention, §3.2.3).
+    dtype: compute dtype; parameters are float32.
+    attention_impl: 'xla' (einsum; returns weights for inspection) or 'fused'.
+  """
+  num_heads: int
+  d_k: int
+  d_v: int
+  dropout_rate: float = 0.0
+  cross_attention: bool = False
+  dtype: Any = jnp.float32
+  attention_impl: str = 'xla'
+
+  def _project(self, x: Array, features: int, name: str) -> Array:
+    """x [batch, length, d_model] @ W [d_model, num_heads, features] -> [batch, length, num_heads, features]."""
+    init = default_kernel_init(in_axis=0, out_axis=(1, 2))
+    kernel = self.param(name, nn.with_logical_partitioning(init, (sharding.EMBED, sharding.HEADS, sharding.KV)),
+                        (x.shape[-1], self.num_heads, features))
+    return einsum('blm,mhd->blhd', x.astype(self.dtype), kernel.astype(self.dtype))
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *,
+               deterministic: bool, decode: bool = False) -> Array:
+    """Attends from inputs_q to inputs_kv.
+
+    Args:
+      inputs_q: [batch, q_len, d_model].
+      inputs_kv: [batch, kv_len, d_model]; the same array as inputs_q for self-attention, `memory` for
+        cross-attention.
+      mask: bool broadcastable to [batch, num_heads, q_len, kv_len], or None. In decoding mode a
+        self-attention layer builds its causal mask itself and ignores this.
+      deterministic: disables dropout.
+      decode: incremental decoding with the 'cache' collection (q_len is 1 after the cache exists).
+
+    Returns:
+      [batch, q_len, d_model] in the compute dtype.
+    """
+    d_model = inputs_q.shape[-1]
+    query = self._project(inputs_q, self.d_k, 'query')  # [batch, q_len, num_heads, d_k]
+    if decode and self.cross_attention and self.has_variable('cache', 'cached_key'):
+      key = self.get_variable('cache', 'cached_key')
+      value = self.get_variable('cache', 'cached_value')
+    else:
+      key = self._project(inputs_kv, self.d_k, 'key')      # [batch, kv_len, num_heads, d_k]
+      value = self._project(inputs_kv, self.d_v, 'value')  # [batch, kv_len, num_heads, d_v]
+      if decode and self.cross_attention:
+        self.put_variable('cache', 'cached_key', key)
+        self.put_variable('cache', 'cached_value', value)
+      elif decode:
+        key, value, mask = self._update_self_attention_cache(key, value, mask)
+
+    dropout_rng = None
+    if not deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng('dropout')
+    if self.attention_impl == 'fused' and self.dropout_rate == 0.0:
+      output = fused_dot_product_attention(query, key, value, mask)
+    else:
+      output, weights = dot_product_attention(
+          query, key, value, mask, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
+          deterministic=deterministic)
+      self.sow('intermediates', 'attention_weights', weights)
+    init = default_kernel_init(in_axis=(0, 1), out_axis=2)
+    kernel = self.param('output', nn.with_logical_partitioning(init, (sharding.HEADS, sharding.KV, sharding.EMBED)),
+                        (self.num_heads, self.d_v, d_model))  # W^O
+    return einsum('bqhv,hvm->bqm', output, kernel.astype(self.dtype))
+
+  def _update_self_attention_cache(self, key: Array, value: Array, mask: Array | None):
+    """Writes this step's key/value at the cache index; returns the whole cache and its causal mask.
+
+    The first call (cache creation, normally under `Transformer.init_cache`) sees the full
+    [batch, max_decode_length, ...] shapes and stores zeros; later calls see one position.
+    """
+    is_initialized = self.has_variable('cache', 'cached_key')
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32))
+    if not is_initialized:
+      return key, value, mask
+    batch, max_length, num_heads, _ = cached_key.value.shape
+    if key.shape[1] != 1:
+      raise ValueError(f'decoding takes one position per step, got {key.shape[1]}')
+    index = cache_index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    cache_index.value = index + 1
+    mask = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
+    return cached_key.value, cached_value.value, mask

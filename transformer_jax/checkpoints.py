@@ -1,0 +1,446 @@
+"""Orbax checkpoints of the training state, the data iterator and the run's config fingerprint.
+
+Layout: `<workdir>/checkpoints/<step>/` holds three items of one composite checkpoint:
+  state/       the training state, any pytree of jax arrays (params, optimizer state, step, PRNG key
+               data), written with `StandardSave` (OCDBT + zarr3, one file set per process);
+  data_state/  the input iterator's position, a small JSON dict (e.g. {'epoch': 3, 'position': 120});
+  metadata/    {'fingerprint': ...}, the config values that must match for a resume to be valid.
+
+Orbax writes each step into a temporary directory and renames it once every process has finished,
+so a save cut short by preemption never appears in `all_steps()`. Damage after the fact (a
+truncated or deleted file) is caught by `restore_latest`, which falls back to the previous step.
+
+Every public method is multi-host safe in the usual orbax sense: all processes call it with the
+same arguments; orbax writes each process's shards and synchronises the processes itself.
+
+Sec. 6.1: "For the base models, we used a single model obtained by averaging the last 5
+checkpoints, which were written at 10-minute intervals. For the big models, we averaged the last
+20 checkpoints." See `average_checkpoints` and `config.eval.average_last_n`.
+"""
+from __future__ import annotations
+
+import collections.abc
+import json
+import os
+from typing import Any, NamedTuple
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+PyTree = Any
+
+_STATE = 'state'
+_DATA_STATE = 'data_state'
+_METADATA = 'metadata'
+
+
+class Restored(NamedTuple):
+  """What `CheckpointManager.restore_latest` returns."""
+  step: int         # The checkpoint's step (its directory name).
+  state: PyTree     # Same structure as the abstract state, arrays with its shardings.
+  data_state: dict  # The data iterator's state as saved (JSON types: lists, not tuples).
+
+
+class CheckpointManager:
+  """Saves and restores `(state, data_state)` under `<workdir>/checkpoints` with orbax.
+
+  A thin wrapper over `ocp.CheckpointManager`: saves are asynchronous (the device-to-host copy
+  happens before `save` returns, so the caller may donate or delete the state right after), old
+  checkpoints beyond `max_to_keep` are deleted, and a config fingerprint stored with every step
+  guards against resuming a run with an incompatible config.
+
+  Usage (all processes):
+    manager = CheckpointManager(workdir, max_to_keep=config.train.max_checkpoints_to_keep,
+                                save_interval_steps=config.train.checkpoint_every_steps,
+                                fingerprint={'model': dict(config.model), ...})
+    restored = manager.restore_latest(abstract_state)  # None on a fresh workdir.
+    ...
+    manager.save(step, state, data_state)                   # No-op between intervals.
+    manager.save(last_step, state, data_state, force=True)  # At the end of training.
+    manager.close()
+  """
+
+  def __init__(self, workdir: str | os.PathLike[str], *, max_to_keep: int | None = None,
+               save_interval_steps: int = 1, fingerprint: dict | None = None,
+               async_save: bool = True):
+    """Opens (and, once the fingerprint check has passed, creates) `<workdir>/checkpoints`.
+
+    Args:
+      workdir: the run's directory; checkpoints go to its `checkpoints` subdirectory.
+      max_to_keep: newest checkpoints kept; older ones are deleted after each save. None keeps
+        all. Keep at least `config.eval.average_last_n` for Sec. 6.1 averaging.
+      save_interval_steps: `save` writes only at multiples of this many steps unless forced or
+        at a preemption sync point.
+      fingerprint: config values that must agree with the run already in `workdir` (nested dicts
+        allowed, e.g. {'model': {'d_model': 512}, 'data': {'vocab_size': 37000}}). Checked by
+        `check_compatible` before anything is written, and stored with every checkpoint.
+      async_save: write in a background thread; `wait_until_finished` blocks until done.
+
+    Raises:
+      ValueError: if `max_to_keep` or `save_interval_steps` is not positive, or the fingerprint
+        differs from the one stored in `workdir` (see `check_compatible`).
+    """
+    if max_to_keep is not None and max_to_keep < 1:
+      raise ValueError(f'max_to_keep must be positive or None; got {max_to_keep}.')
+    if save_interval_steps < 1:
+      raise ValueError(f'save_interval_steps must be positive; got {save_interval_steps}.')
+    self._workdir = os.fspath(workdir)
+    self._directory = os.path.join(self._workdir, 'checkpoints')
+    # The same naming orbax uses by default (`<step>`, committed steps only); kept here so that the
+    # fingerprint can be read before the orbax manager creates anything on disk.
+    self._name_format = ocp.step.standard_name_format()
+    self._fingerprint = None if fingerprint is None else _to_json(fingerprint, 'fingerprint')
+    if fingerprint is not None:
+      self.check_compatible(fingerprint)
+    self._manager = ocp.CheckpointManager(
+        self._directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            # Orbax's default policy would also write the first step of a fresh run.
+            save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
+                ocp.checkpoint_managers.FixedIntervalPolicy(save_interval_steps),
+                ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]),
+            step_name_format=self._name_format,
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,  # Leftovers of saves cut short by preemption.
+            create=True))
+
+  @property
+  def directory(self) -> str:
+    """`<workdir>/checkpoints`."""
+    return self._directory
+
+  def check_compatible(self, fingerprint: dict) -> None:
+    """Raises if the run stored in the workdir was made with a different fingerprint.
+
+    Compares against the newest checkpoint whose metadata can be read. Reads only: a fresh or
+    empty workdir, or a run saved without a fingerprint, passes.
+
+    Args:
+      fingerprint: see `__init__`. Nested dicts are compared key by key ('model.d_model'); values
+        are compared after a JSON round trip, so a tuple equals the list it was saved as.
+
+    Raises:
+      ValueError: naming every differing key with the stored and the given value.
+    """
+    given = _flatten(_to_json(fingerprint, 'fingerprint'))
+    found = self._stored_fingerprint()
+    if found is None:
+      return
+    step, stored = found
+    stored = _flatten(stored)
+    absent = object()
+
+    def show(values, key):
+      return repr(values[key]) if key in values else '(absent)'
+
+    differences = [
+        f'workdir {self._workdir} holds a run with {key}={show(stored, key)}; '
+        f'this config has {key}={show(given, key)}'
+        for key in sorted(set(stored) | set(given))
+        if stored.get(key, absent) != given.get(key, absent)]
+    if differences:
+      raise ValueError(
+          f'Config does not match the checkpoint at step {step} in {self._directory}:\n  '
+          + '\n  '.join(differences)
+          + '\nUse a new workdir, or the config the run was started with.')
+
+  def _stored_fingerprint(self) -> tuple[int, dict] | None:
+    """(step, fingerprint) of the newest checkpoint with readable metadata, or None."""
+    if not os.path.isdir(self._directory):
+      return None
+    steps = sorted((m.step for m in self._name_format.find_all(self._directory)), reverse=True)
+    for step in steps:
+      path = os.path.join(self._step_path(step), _METADATA)
+      try:
+        with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+          metadata = checkpointer.restore(path, args=ocp.args.JsonRestore())
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('Cannot read the metadata of checkpoint step %d (%s: %s); trying the '
+                        'previous step.', step, type(e).__name__, e)
+        continue
+      fingerprint = metadata.get('fingerprint') if isinstance(metadata, dict) else None
+      return None if fingerprint is None else (step, fingerprint)
+    return None
+
+  def _step_path(self, step: int) -> str:
+    return os.path.join(self._directory, self._name_format.build_name(step))
+
+  def save(self, step: int, state: PyTree, data_state: dict, force: bool = False) -> bool:
+    """Starts saving `state` and `data_state` as checkpoint `step`.
+
+    Args:
+      step: the training step the state belongs to (number of updates applied).
+      state: pytree of jax arrays (any sharding), numpy arrays or numpy scalars.
+      data_state: JSON-serialisable dict (numpy scalars are converted); copied before returning.
+      force: save even if `step` is not a multiple of `save_interval_steps`.
+
+    Returns:
+      True if a save was started; False if `step` is not a multiple of `save_interval_steps`
+      (and neither forced nor at a preemption sync point, where orbax saves so that a preempted
+      multi-host job loses no work), or if checkpoint `step` already exists (orbax never
+      overwrites a step). Calling `save` every step is therefore cheap and correct.
+
+    Raises:
+      ValueError: if `data_state` is not JSON-serialisable.
+    """
+    data_state = _to_json(data_state, 'data_state')
+    if step in self._manager.all_steps():
+      logging.info('Checkpoint step %d already exists in %s; not saving it again.', step,
+                   self._directory)
+      return False
+    return self._manager.save(
+        step,
+        args=ocp.args.Composite(**{
+            _STATE: ocp.args.StandardSave(state),
+            _DATA_STATE: ocp.args.JsonSave(data_state),
+            _METADATA: ocp.args.JsonSave({'fingerprint': self._fingerprint}),
+        }),
+        force=force)
+
+  def wait_until_finished(self) -> None:
+    """Blocks until the last asynchronous save is on disk (and old steps are deleted)."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Waits for pending saves and releases orbax's threads."""
+    self._manager.close()
+
+  def __enter__(self) -> CheckpointManager:
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  def latest_step(self) -> int | None:
+    """The newest committed step, or None. It may still be unreadable: see `restore_latest`."""
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    """Committed steps, ascending."""
+    return sorted(self._manager.all_steps())
+
+  def restore(self, step: int, abstract_state: PyTree) -> tuple[PyTree, dict]:
+    """Restores checkpoint `step` onto the shardings of `abstract_state`.
+
+    The saving and restoring device counts may differ (e.g. saved on 8 devices, restored on 1):
+    orbax reads each target shard from the saved chunks.
+
+    Args:
+      step: a step in `all_steps()`.
+      abstract_state: the state's structure, with a `jax.ShapeDtypeStruct` per leaf carrying
+        shape, dtype and sharding, e.g. `jax.eval_shape` output with NamedShardings attached.
+
+    Returns:
+      (state, data_state): state has abstract_state's structure, dtypes and shardings.
+
+    Raises:
+      ValueError: if `step` is not a committed step or a leaf has no sharding. Errors from orbax
+        (a damaged checkpoint, a structure or shape mismatch) propagate.
+    """
+    self._check_step(step)
+    _require_shardings(abstract_state, 'abstract_state')
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(**{
+            _STATE: ocp.args.StandardRestore(abstract_state),
+            _DATA_STATE: ocp.args.JsonRestore(),
+        }))
+    return restored[_STATE], restored[_DATA_STATE]
+
+  def restore_latest(self, abstract_state: PyTree) -> Restored | None:
+    """Restores the newest checkpoint that can be read completely.
+
+    A damaged step (a file truncated or deleted after the save committed) is skipped with an absl
+    warning naming the step and the error, and the previous step is tried.
+
+    Args:
+      abstract_state: see `restore`.
+
+    Returns:
+      Restored(step, state, data_state), or None if the workdir holds no checkpoint.
+
+    Raises:
+      ValueError: if checkpoints exist but none can be restored. Failing every step is more
+        likely a mismatch between `abstract_state` and the saved state than damage to all of
+        them, and training from scratch in a workdir with newer steps would never save again.
+    """
+    _require_shardings(abstract_state, 'abstract_state')
+    failures = []
+    for step in reversed(self.all_steps()):
+      try:
+        state, data_state = self.restore(step, abstract_state)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('Checkpoint step %d in %s is unusable (%s: %s); trying the previous one.',
+                        step, self._directory, type(e).__name__, e)
+        failures.append(f'step {step}: {type(e).__name__}: {e}')
+        continue
+      return Restored(step, state, data_state)
+    if failures:
+      raise ValueError(f'No checkpoint in {self._directory} could be restored:\n'
+                       + '\n'.join(failures))
+    return None
+
+  def restore_subtree(self, step: int, abstract_subtree: PyTree,
+                      subtree: str = 'params') -> PyTree:
+    """Restores only `state[subtree]` of checkpoint `step` (e.g. params without Adam moments).
+
+    Args:
+      step: a step in `all_steps()`.
+      abstract_subtree: abstract arrays with shardings (see `restore`) for that subtree.
+      subtree: the top-level key (dict state) or attribute (dataclass state) to read.
+
+    Returns:
+      The subtree with abstract_subtree's structure, dtypes and shardings.
+
+    Raises:
+      ValueError: if `step` is not a committed step, a leaf has no sharding, or the checkpoint
+        lacks a leaf of `abstract_subtree`.
+    """
+    self._check_step(step)
+    _require_shardings(abstract_subtree, 'abstract_subtree')
+    item = {subtree: abstract_subtree}
+    # StandardRestore cannot restore part of a tree, and the composite manager binds the `state`
+    # item to the handler it first saw; a separate PyTree checkpointer reads the same files.
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+      restored = checkpointer.restore(
+          os.path.join(self._step_path(step), _STATE),
+          args=ocp.args.PyTreeRestore(
+              item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+              partial_restore=True))
+    # A partial restore hands back the abstract leaf for any path the checkpoint lacks.
+    missing = [jax.tree_util.keystr(path)
+               for path, leaf in jax.tree_util.tree_leaves_with_path(restored)
+               if isinstance(leaf, jax.ShapeDtypeStruct)]
+    if missing:
+      raise ValueError(f'Checkpoint step {step} in {self._directory} has no leaves '
+                       f'{missing[:5]}{" ..." if len(missing) > 5 else ""}.')
+    return restored[subtree]
+
+  def _check_step(self, step: int) -> None:
+    if step not in self._manager.all_steps():
+      raise ValueError(f'No checkpoint for step {step} in {self._directory}; '
+                       f'steps: {self.all_steps()}.')
+
+
+def average_checkpoints(manager: CheckpointManager, steps: list[int], abstract_subtree: PyTree,
+                        subtree: str | None = 'params') -> PyTree:
+  """Element-wise mean of one subtree of the state over several checkpoints (Sec. 6.1).
+
+  By default only `state['params']` (or `state.params`) is read and averaged: evaluation and
+  decoding need the parameters alone, and the optimizer's moments are large (twice the params for
+  Adam) and meaningless for an averaged model, so they are never loaded. `subtree=None` averages
+  the whole state.
+
+  Floating leaves are averaged in float32 (float64 stays float64) and cast back to their dtype;
+  the others (integer step counters, uint32 PRNG key data, bools) are taken from the newest step.
+  The mean is updated one checkpoint at a time in ascending step order,
+    mean_k = mean_{k-1} + (x_k - mean_{k-1}) / k,
+  so memory holds one float32 accumulator and one restored checkpoint, the result is
+  deterministic, and identical checkpoints average to themselves bit for bit (a running sum
+  would not: 3 * x rounds in float32).
+
+  Args:
+    manager: the run's CheckpointManager.
+    steps: committed steps to average, e.g. `manager.all_steps()[-config.eval.average_last_n:]`.
+    abstract_subtree: `jax.ShapeDtypeStruct`s with shardings for `state[subtree]` (for the whole
+      state if `subtree` is None). The result has these shardings and dtypes.
+    subtree: top-level key or attribute of the state to average, or None for all of it.
+
+  Returns:
+    The averaged subtree, structured like `abstract_subtree`.
+
+  Raises:
+    ValueError: if `steps` is empty, repeats a step, or names a step that does not exist.
+  """
+  if not steps:
+    raise ValueError('average_checkpoints needs at least one step; got [].')
+  if len(set(steps)) != len(steps):
+    raise ValueError(f'average_checkpoints got repeated steps: {list(steps)}.')
+  missing = sorted(set(steps) - set(manager.all_steps()))
+  if missing:
+    raise ValueError(f'Steps {missing} are not in {manager.directory}; '
+                     f'steps: {manager.all_steps()}.')
+  _require_shardings(abstract_subtree, 'abstract_subtree')
+  leaves, treedef = jax.tree.flatten(abstract_subtree)
+  floating = [jnp.issubdtype(leaf.dtype, jnp.floating) for leaf in leaves]
+  mean = None
+  for count, step in enumerate(sorted(steps), start=1):
+    if subtree is None:
+      restored, _ = manager.restore(step, abstract_subtree)
+    else:
+      restored = manager.restore_subtree(step, abstract_subtree, subtree)
+    restored_leaves = treedef.flatten_up_to(restored)
+    values = [x for x, is_float in zip(restored_leaves, floating) if is_float]
+    if mean is None:
+      mean = _to_accumulator(values)
+    else:
+      mean = _update_mean(mean, values, np.float32(count))
+    newest = restored_leaves
+  shardings = [leaf.sharding for leaf, is_float in zip(leaves, floating) if is_float]
+  dtypes = [leaf.dtype for leaf, is_float in zip(leaves, floating) if is_float]
+  averaged = iter(_cast(mean, dtypes, shardings))
+  return treedef.unflatten(
+      [next(averaged) if is_float else x for x, is_float in zip(newest, floating)])
+
+
+@jax.jit
+def _to_accumulator(values: list[jax.Array]) -> list[jax.Array]:
+  return [x.astype(jnp.promote_types(x.dtype, jnp.float32)) for x in values]
+
+
+@jax.jit
+def _update_mean(mean: list[jax.Array], values: list[jax.Array],
+                 count: jax.Array) -> list[jax.Array]:
+  # Where x equals the mean, keep the mean's bits: m + (x - m) / k would turn -0.0 into +0.0.
+  values = [x.astype(m.dtype) for m, x in zip(mean, values)]
+  return [jnp.where(x == m, m, m + (x - m) / count.astype(m.dtype)) for m, x in zip(mean, values)]
+
+
+def _cast(mean: list[jax.Array], dtypes: list[np.dtype],
+          shardings: list[jax.sharding.Sharding]) -> list[jax.Array]:
+  cast = jax.jit(lambda xs: [x.astype(d) for x, d in zip(xs, dtypes)],
+                 out_shardings=shardings)
+  return cast(mean)
+
+
+def _require_shardings(abstract_tree: PyTree, name: str) -> None:
+  """Raises unless every leaf has a sharding (orbax needs them to restore across topologies)."""
+  missing = [jax.tree_util.keystr(path)
+             for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_tree)
+             if getattr(leaf, 'sharding', None) is None]
+  if missing:
+    raise ValueError(
+        f'{name} leaves {missing[:5]}{" ..." if len(missing) > 5 else ""} have no sharding; '
+        'attach one to every jax.ShapeDtypeStruct (e.g. a NamedSharding), without which orbax '
+        'cannot restore onto a different number of devices.')
+
+
+def _json_default(value: Any) -> Any:
+  if isinstance(value, (np.generic, np.ndarray)):
+    return value.tolist()
+  raise TypeError(f'{type(value).__name__} {value!r} is not JSON-serialisable')
+
+
+def _to_json(value: dict, name: str) -> dict:
+  """A JSON round trip: a deep copy with JSON types, or ValueError naming what failed."""
+  if not isinstance(value, collections.abc.Mapping):
+    raise ValueError(f'{name} must be a dict; got {type(value).__name__}: {value!r}.')
+  try:
+    return json.loads(json.dumps(dict(value), default=_json_default))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'{name} must be JSON-serialisable: {e}; got {value!r}.') from e
+
+
+def _flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
+  """{'model': {'d_model': 512}} -> {'model.d_model': 512}."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      flat.update(_flatten(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat

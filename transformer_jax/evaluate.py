@@ -1,0 +1,114 @@
+"""Validation loss and translation with the decoding cache (§6.1), and BLEU on the result.
+
+BLEU is sacreBLEU on detokenised output (the comparable figure today) and, labelled separately, the
+tokenised BLEU with compound splitting that the paper's numbers use (`bleu.py`).
+"""
+import functools
+import math
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import decoding
+from transformer_jax import model as model_lib
+from transformer_jax import tokenizer as tokenizer_lib
+
+Array = jax.Array
+
+
+def summarize_metrics(sums: dict[str, float]) -> dict[str, float]:
+  """Turns summed metrics into means: loss (label-smoothed, what is optimised), nll, perplexity, accuracy."""
+  count = max(float(sums['token_count']), 1.0)
+  nll = float(sums['nll_sum']) / count
+  return {'loss': float(sums['loss_sum']) / count, 'nll': nll, 'perplexity': math.exp(min(nll, 50.0)),
+          'accuracy': float(sums['correct_sum']) / count}
+
+
+def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
+  """Teacher-forced metrics over all batches, summed before dividing (padding rows weigh 0)."""
+  totals = None
+  for batch in batches:
+    batch = {k: v for k, v in batch.items() if k != 'example_index'}
+    sums = eval_step_fn(params, batch)
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  if totals is None:
+    raise ValueError('evaluation got no batches')
+  return summarize_metrics(jax.device_get(totals))
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length'))
+def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int,
+                 alpha: float, extra_length: int) -> Array:
+  """Translates one batch: encoder once, then cached beam search (or greedy when beam_size is 1).
+
+  The maximum output length is the source length (tokens, EOS included) + extra_length (§6.1: +50).
+
+  Args:
+    params: model parameters.
+    source_tokens: int32 [batch, src_len], 0-padded.
+    model: the Transformer.
+    beam_size: hypotheses kept per sentence; 1 runs greedy decoding.
+    alpha: length penalty exponent.
+    extra_length: extra output tokens allowed beyond the source length.
+
+  Returns:
+    int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS.
+  """
+  batch_size, source_length = source_tokens.shape
+  source_segment_ids = model_lib.segment_ids_from_tokens(source_tokens)
+  memory = model.apply({'params': params}, source_tokens, source_segment_ids, method='encode')
+  max_steps = source_length + extra_length
+  max_decode_lengths = jnp.sum(source_segment_ids, axis=-1) + extra_length  # [batch]
+  if beam_size > 1:
+    memory, source_segment_ids = decoding.expand_to_beams((memory, source_segment_ids), beam_size)
+  _, variables = model.apply({'params': params}, memory, source_segment_ids, max_steps,
+                             method='init_cache', mutable=['cache'])
+
+  def step_fn(last_tokens, cache):
+    logits, new_variables = model.apply(
+        {'params': params, 'cache': cache}, last_tokens[:, None], memory, source_segment_ids,
+        decode=True, method='decode', mutable=['cache'])
+    return logits[:, 0, :], new_variables['cache']
+
+  special = dict(eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID)
+  if beam_size == 1:
+    return decoding.greedy_search(step_fn, variables['cache'], batch_size=batch_size,
+                                  max_decode_lengths=max_decode_lengths, max_steps=max_steps, **special)
+  tokens, _ = decoding.beam_search(step_fn, variables['cache'], batch_size=batch_size, beam_size=beam_size,
+                                   alpha=alpha, max_decode_lengths=max_decode_lengths,
+                                   max_steps=max_steps, **special)
+  return tokens[:, 0, :]
+
+
+def translate(params: Any, batches: Iterable[dict[str, np.ndarray]], tokenizer: tokenizer_lib.Tokenizer,
+              num_sentences: int, *, model: model_lib.Transformer, beam_size: int, alpha: float,
+              extra_length: int) -> list[str]:
+  """Decodes every sentence of `batches` and returns detokenised text in the original order.
+
+  Args:
+    params: model parameters (e.g. an average of checkpoints).
+    batches: eval batches with `source_tokens` and `example_index` (-1 on padding rows).
+    tokenizer: the shared vocabulary.
+    num_sentences: number of input lines; every one gets exactly one output line.
+    model, beam_size, alpha, extra_length: see `decode_batch`.
+
+  Returns:
+    num_sentences strings ('' for an empty input line).
+
+  Raises:
+    ValueError: if some line received no translation (a batching bug, never silently tolerated).
+  """
+  outputs: list[str | None] = [None] * num_sentences
+  for batch in batches:
+    tokens = np.asarray(decode_batch(params, jnp.asarray(batch['source_tokens']), model=model,
+                                     beam_size=beam_size, alpha=alpha, extra_length=extra_length))
+    rows = np.flatnonzero(batch['example_index'] >= 0)
+    texts = tokenizer.decode([tokens[r] for r in rows])
+    for r, text in zip(rows, texts):
+      outputs[int(batch['example_index'][r])] = text
+  missing = [i for i, text in enumerate(outputs) if text is None]
+  if missing:
+    raise ValueError(f'{len(missing)} lines got no translation, first at line {missing[0] + 1}')
+  return outputs

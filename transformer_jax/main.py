@@ -1,0 +1,57 @@
+"""Command line: train, evaluate, translate, summarise or benchmark a Transformer.
+
+  python -m transformer_jax.main --config=configs/base.py --workdir=runs/base [--config.train.warmup_steps=8000]
+  python -m transformer_jax.main --config=configs/table3.py:B1 --mode=summary
+"""
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow (tf.data, TFDS) is chatty on import.
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+
+MODES = ('train', 'evaluate', 'translate', 'summary', 'benchmark', 'compile')
+
+config_flags.DEFINE_config_file('config', None, 'Configuration file (configs/*.py).', lock_config=True)
+flags.DEFINE_string('workdir', None, 'Directory for the vocabulary, checkpoints, TensorBoard events and outputs.')
+flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
+flags.DEFINE_string('input', None, 'translate mode: input file, one sentence per line (stdin if omitted).')
+flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omitted).')
+flags.mark_flags_as_required(['config'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config, mode, workdir = flags.FLAGS.config, flags.FLAGS.mode, flags.FLAGS.workdir
+  if mode == 'summary':
+    from transformer_jax import summary  # pylint: disable=g-import-not-at-top
+    print(summary.summarize_config(config))
+    return
+  if mode == 'benchmark':
+    from transformer_jax import benchmark  # pylint: disable=g-import-not-at-top
+    benchmark.run(config)
+    return
+  if workdir is None:
+    raise app.UsageError(f'--workdir is required for --mode={mode}')
+  if jax.process_count() > 1 or 'JAX_COORDINATOR_ADDRESS' in os.environ:
+    jax.distributed.initialize()
+  logging.info('JAX process %d/%d, %d local devices: %s', jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.devices())
+  from transformer_jax import train  # pylint: disable=g-import-not-at-top
+  if mode == 'train':
+    train.train_and_evaluate(config, workdir)
+  elif mode == 'evaluate':
+    train.evaluate_checkpoint(config, workdir)
+  elif mode == 'translate':
+    train.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
+  elif mode == 'compile':
+    train.compile_only(config, workdir)
+
+
+if __name__ == '__main__':
+  jax.config.config_with_absl()
+  app.run(main)

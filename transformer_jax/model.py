@@ -1,0 +1,226 @@
+"""The Transformer (§3): encoder and decoder stacks with one shared embedding (§3.4).
+
+Token id 0 is padding (tokenizer.PAD_ID); unpacked batches derive their segment ids from it.
+"""
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax import attention
+from transformer_jax import layers
+from transformer_jax import sharding
+
+Array = jax.Array
+_CHOICES = {
+    'position_embedding': ('sinusoidal', 'learned', 'none'),
+    'layer_norm_position': ('post', 'pre'),
+    'dtype': ('float32', 'bfloat16'),
+    'attention_impl': ('xla', 'fused'),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture hyperparameters (§3, Table 3); built as ModelConfig(vocab_size=..., **config.model).
+
+  Raises:
+    ValueError: naming the `model.<field>` key and its allowed values when a value is out of range.
+  """
+  vocab_size: int
+  num_layers: int = 6
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  d_k: int = 64
+  d_v: int = 64
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  position_embedding: str = 'sinusoidal'
+  layer_norm_position: str = 'post'
+  scale_embeddings: bool = True
+  max_length: int = 256
+  dtype: str = 'float32'
+  attention_impl: str = 'xla'
+  remat: bool = False
+
+  def __post_init__(self):
+    for name in ('vocab_size', 'num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'max_length'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f'model.{name} must be a positive integer, got {value!r}')
+    for name in ('dropout_rate', 'attention_dropout_rate'):
+      value = getattr(self, name)
+      if not 0.0 <= value < 1.0:
+        raise ValueError(f'model.{name} must be in [0, 1), got {value!r}')
+    for name, allowed in _CHOICES.items():
+      if getattr(self, name) not in allowed:
+        raise ValueError(f'model.{name} must be one of {allowed}, got {getattr(self, name)!r}')
+    if self.attention_impl == 'fused' and self.d_k != self.d_v:
+      raise ValueError(f"model.attention_impl='fused' needs d_k == d_v, got {self.d_k} and {self.d_v}")
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+
+def segment_ids_from_tokens(tokens: Array) -> Array:
+  """int32 [batch, length]: 1 on real tokens, 0 on padding (id 0)."""
+  return (tokens != 0).astype(jnp.int32)
+
+
+class Embedder(nn.Module):
+  """Shared token embedding times sqrt(d_model) (§3.4), plus positions (§3.5), then dropout (§5.4)."""
+  cfg: ModelConfig
+  embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, tokens: Array, positions: Array | None, deterministic: bool) -> Array:
+    """tokens: int [batch, length] -> [batch, length, d_model] in the compute dtype."""
+    x = self.embedding(tokens).astype(self.cfg.compute_dtype)
+    if self.cfg.scale_embeddings:
+      x = x * jnp.sqrt(self.cfg.d_model).astype(x.dtype)
+    x = layers.PositionEmbedding(self.cfg.position_embedding, self.cfg.max_length, name='position')(
+        x, positions)
+    return attention.Dropout(self.cfg.dropout_rate)(x, deterministic)
+
+
+def _layer_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+  return dict(d_ff=cfg.d_ff, num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v,
+              dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
+              layer_norm_position=cfg.layer_norm_position, dtype=cfg.compute_dtype,
+              attention_impl=cfg.attention_impl)
+
+
+def _final_norm(cfg: ModelConfig, x: Array) -> Array:
+  """Pre-LN stacks end with a LayerNorm; post-LN stacks already end normalised (§3.1)."""
+  if cfg.layer_norm_position != 'pre':
+    return x
+  return nn.LayerNorm(epsilon=1e-6, dtype=cfg.compute_dtype, name='final_layer_norm')(x)
+
+
+class Encoder(nn.Module):
+  """num_layers EncoderLayers over the embedded source (§3.1)."""
+  cfg: ModelConfig
+  embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, source_tokens: Array, source_segment_ids: Array, source_positions: Array | None,
+               deterministic: bool) -> Array:
+    """source_tokens, source_segment_ids: int [batch, src_len] -> memory [batch, src_len, d_model]."""
+    x = Embedder(self.cfg, self.embedding, name='embedder')(source_tokens, source_positions, deterministic)
+    mask = attention.padding_mask(source_segment_ids, source_segment_ids)
+    layer_cls = nn.remat(layers.EncoderLayer, static_argnums=(3,)) if self.cfg.remat else layers.EncoderLayer
+    for i in range(self.cfg.num_layers):
+      x = layer_cls(**_layer_kwargs(self.cfg), name=f'layer_{i}')(x, mask, deterministic)
+    return _final_norm(self.cfg, x)
+
+
+class Decoder(nn.Module):
+  """num_layers DecoderLayers over the embedded, right-shifted target, reading `memory` (§3.1)."""
+  cfg: ModelConfig
+  embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, decoder_input_tokens: Array, memory: Array, source_segment_ids: Array,
+               target_segment_ids: Array | None, target_positions: Array | None,
+               deterministic: bool, decode: bool) -> Array:
+    """Returns the last layer's output [batch, tgt_len, d_model]; see `Transformer.decode`."""
+    cfg = self.cfg
+    if target_segment_ids is None:
+      target_segment_ids = segment_ids_from_tokens(decoder_input_tokens)
+    self_mask = attention.padding_mask(target_segment_ids, target_segment_ids) & attention.causal_mask(
+        decoder_input_tokens.shape[1])
+    if decode:
+      cache_exists = self.has_variable('cache', 'position')
+      position = self.variable('cache', 'position', lambda: jnp.array(0, dtype=jnp.int32))
+      if cache_exists:
+        target_positions = jnp.full(decoder_input_tokens.shape, position.value, dtype=jnp.int32)
+        position.value = position.value + 1
+        target_segment_ids = jnp.ones_like(decoder_input_tokens, dtype=jnp.int32)
+    memory_mask = attention.padding_mask(target_segment_ids, source_segment_ids)
+    x = Embedder(cfg, self.embedding, name='embedder')(decoder_input_tokens, target_positions, deterministic)
+    remat = cfg.remat and not decode
+    layer_cls = nn.remat(layers.DecoderLayer, static_argnums=(5, 6)) if remat else layers.DecoderLayer
+    for i in range(cfg.num_layers):
+      x = layer_cls(**_layer_kwargs(cfg), name=f'layer_{i}')(
+          x, memory, self_mask, memory_mask, deterministic, decode)
+    return _final_norm(cfg, x)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer (§3, Figure 1).
+
+  Call-time modes: `deterministic=False` trains with dropout (needs a 'dropout' rng); `decode=True` runs
+  one target position per call against the 'cache' collection built by `init_cache`.
+  """
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.embedding = nn.Embed(
+        cfg.vocab_size, cfg.d_model, name='shared_embedding',
+        embedding_init=nn.with_logical_partitioning(
+            nn.initializers.normal(stddev=cfg.d_model ** -0.5), (sharding.VOCAB, sharding.EMBED)))
+    self.encoder = Encoder(cfg, self.embedding)
+    self.decoder = Decoder(cfg, self.embedding)
+
+  def encode(self, source_tokens: Array, source_segment_ids: Array | None = None,
+             source_positions: Array | None = None, *, deterministic: bool = True) -> Array:
+    """Encodes a source batch.
+
+    Args:
+      source_tokens: int32 [batch, src_len], 0-padded.
+      source_segment_ids: int32 [batch, src_len] for packed rows (0 = padding); None derives it.
+      source_positions: int32 [batch, src_len] for packed rows; None means 0..src_len-1.
+      deterministic: disables dropout.
+
+    Returns:
+      memory: [batch, src_len, d_model] in the compute dtype.
+    """
+    if source_segment_ids is None:
+      source_segment_ids = segment_ids_from_tokens(source_tokens)
+    return self.encoder(source_tokens, source_segment_ids, source_positions, deterministic)
+
+  def decode(self, decoder_input_tokens: Array, memory: Array, source_segment_ids: Array,
+             target_segment_ids: Array | None = None, target_positions: Array | None = None, *,
+             deterministic: bool = True, decode: bool = False) -> Array:
+    """Decoder stack and the pre-softmax projection tied to the embedding (§3.4).
+
+    Args:
+      decoder_input_tokens: int32 [batch, tgt_len]: BOS then the target shifted right; [batch, 1] per
+        step when decode=True.
+      memory: encoder output [batch, src_len, d_model].
+      source_segment_ids: int32 [batch, src_len] (0 = padding).
+      target_segment_ids, target_positions: int32 [batch, tgt_len] for packed rows, else None.
+      deterministic: disables dropout.
+      decode: incremental decoding through the 'cache' collection (mutable).
+
+    Returns:
+      logits: float32 [batch, tgt_len, vocab_size].
+    """
+    x = self.decoder(decoder_input_tokens, memory, source_segment_ids, target_segment_ids,
+                     target_positions, deterministic, decode)
+    embedding = self.embedding.embedding.astype(x.dtype)  # [vocab, d_model]
+    logits = attention.einsum('btm,vm->btv', x, embedding, jnp.float32)
+    return nn.with_logical_constraint(logits, (sharding.BATCH, sharding.LENGTH, sharding.VOCAB))
+
+  def init_cache(self, memory: Array, source_segment_ids: Array, max_decode_length: int) -> None:
+    """Creates the decoding cache: empty self-attention K/V of max_decode_length positions per layer,
+    and the encoder-decoder attention K/V projected from `memory` once. Apply with mutable=['cache'];
+    under jit the dummy decoder pass this takes is dead code and compiled away."""
+    batch = memory.shape[0]
+    self.decode(jnp.zeros((batch, max_decode_length), jnp.int32), memory, source_segment_ids, decode=True)
+
+  def __call__(self, source_tokens: Array, decoder_input_tokens: Array,
+               source_segment_ids: Array | None = None, target_segment_ids: Array | None = None,
+               source_positions: Array | None = None, target_positions: Array | None = None, *,
+               deterministic: bool = True) -> Array:
+    """Teacher-forced forward pass: logits float32 [batch, tgt_len, vocab_size]. Args as in encode/decode."""
+    if source_segment_ids is None:
+      source_segment_ids = segment_ids_from_tokens(source_tokens)
+    memory = self.encode(source_tokens, source_segment_ids, source_positions, deterministic=deterministic)
+    return self.decode(decoder_input_tokens, memory, source_segment_ids, target_segment_ids,
+                       target_positions, deterministic=deterministic)

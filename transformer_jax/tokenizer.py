@@ -1,0 +1,165 @@
+"""The shared source-target subword vocabulary (Sec. 5.1), trained with SentencePiece.
+
+Sec. 5.1: "Sentences were encoded using byte-pair encoding, which has a shared source-target vocabulary of about
+37000 tokens" (English-German). One SentencePiece model encodes both languages; BPE is the default, unigram an
+option. This module imports no jax, so it can run anywhere (data preparation, evaluation scripts).
+
+Special ids, fixed for every vocabulary trained here:
+  PAD_ID = 0: padding; the loss and the attention masks ignore it. Never produced by `encode`.
+  BOS_ID = 1: begin of sentence; the first decoder input (target tokens shifted right).
+  EOS_ID = 2: end of sentence; appended to every source and target; decoding stops there.
+  UNK_ID = 3: unknown piece; not produced in practice, since byte fallback spells any character unseen in training
+    as its UTF-8 bytes (pieces <0x00>..<0xFF>).
+
+Text normalisation policy: SentencePiece's default rule `nmt_nfkc` applies, as it does in tensor2tensor and flax's
+wmt example. `decode(encode(x)) == x` holds for any text in Unicode NFKC form without leading, trailing or
+repeated whitespace (accents, CJK, emoji and other characters unseen in training included). Otherwise the result
+is the normalised text: compatibility characters are folded ('ﬁ' -> 'fi', full-width 'Ａ' -> 'A') and whitespace is
+trimmed and collapsed to single spaces. Training sentences are normalised the same way, so this only changes
+text, never loses it. BLEU is computed against the raw references, not normalised ones.
+"""
+from collections.abc import Callable, Iterable, Sequence
+import io
+import os
+import time
+
+from absl import logging
+from etils import epath
+import sentencepiece as spm
+
+PAD_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+UNK_ID = 3
+
+
+class Tokenizer:
+  """A SentencePiece model with the special ids above."""
+
+  def __init__(self, model_proto: bytes):
+    """Wraps a serialized SentencePiece model.
+
+    Args:
+      model_proto: the bytes of a `.model` file.
+
+    Raises:
+      ValueError: if the model's special ids differ from PAD_ID, BOS_ID, EOS_ID, UNK_ID.
+    """
+    self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    ids = (self._processor.pad_id(), self._processor.bos_id(), self._processor.eos_id(), self._processor.unk_id())
+    if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
+      raise ValueError(f'SentencePiece model has (pad, bos, eos, unk) ids {ids}; '
+                       f'expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}.')
+
+  @classmethod
+  def load(cls, path: str | os.PathLike[str]) -> 'Tokenizer':
+    """Loads a `.model` file (local or any path `etils.epath` reads, such as gs://)."""
+    return cls(epath.Path(path).read_bytes())
+
+  @property
+  def vocab_size(self) -> int:
+    """The number of ids, special ids and byte pieces included."""
+    return self._processor.get_piece_size()
+
+  def encode(self, texts: list[str]) -> list[list[int]]:
+    """Encodes sentences into ids, without BOS or EOS.
+
+    Args:
+      texts: sentences, str.
+
+    Returns:
+      One list of int ids per sentence, in [UNK_ID, vocab_size); [] for an empty or blank sentence.
+    """
+    return self._processor.encode(list(texts), out_type=int)
+
+  def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+    """Decodes ids into sentences.
+
+    Args:
+      ids: one sequence of ids per sentence (lists or int arrays, e.g. rows of a [batch, length] array). Each is
+        cut at its first EOS_ID; PAD_ID and BOS_ID are dropped.
+
+    Returns:
+      One str per sentence.
+    """
+    kept = []
+    for row in ids:
+      row = [int(i) for i in row]
+      if EOS_ID in row:
+        row = row[:row.index(EOS_ID)]
+      kept.append([i for i in row if i not in (PAD_ID, BOS_ID)])
+    return self._processor.decode(kept)
+
+
+def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sentences: int) -> bytes:
+  """Trains a SentencePiece model on a sample of at most `max_sentences` sentences; returns its bytes."""
+  model = io.BytesIO()
+  spm.set_random_generator_seed(0)  # The same sample, hence the same vocabulary, on every run.
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences),
+      model_writer=model,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+      byte_fallback=True,
+      input_sentence_size=max_sentences,  # Reservoir sample of this many sentences.
+      shuffle_input_sentence=True,
+      num_threads=os.cpu_count() or 1,
+      minloglevel=1)
+  return model.getvalue()
+
+
+def train_or_load(workdir: str | os.PathLike[str],
+                  sentences: Callable[[], Iterable[str]],
+                  vocab_size: int,
+                  model_type: str = 'bpe',
+                  max_sentences: int = 2_000_000,
+                  process_index: int = 0,
+                  timeout_secs: float = 3600.0,
+                  poll_secs: float = 1.0) -> Tokenizer:
+  """Loads `<workdir>/spm_<vocab_size>.model`, training it first if it does not exist.
+
+  Process 0 trains and writes the file atomically (a temporary file, then a rename); the other processes wait for
+  it to appear, so every host uses the same vocabulary.
+
+  Args:
+    workdir: folder for the model file; created if missing.
+    sentences: returns the training sentences (source and target together, Sec. 5.1); called only when process 0
+      trains.
+    vocab_size: number of pieces, special ids and the 256 byte pieces included (Sec. 5.1: about 37000).
+    model_type: 'bpe' (Sec. 5.1) or 'unigram'.
+    max_sentences: at most this many sentences, sampled uniformly, train the model.
+    process_index: this host's index (jax.process_index()).
+    timeout_secs: how long a process other than 0 waits for the file, seconds.
+    poll_secs: seconds between checks for the file.
+
+  Returns:
+    The loaded Tokenizer.
+
+  Raises:
+    ValueError: for an unknown model_type or a non-positive vocab_size.
+    TimeoutError: if the file does not appear within timeout_secs on a process other than 0.
+  """
+  if model_type not in ('bpe', 'unigram'):
+    raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
+  if vocab_size <= 0:
+    raise ValueError(f'vocab_size must be positive, got {vocab_size}.')
+  path = epath.Path(workdir) / f'spm_{vocab_size}.model'
+  if not path.exists() and process_index == 0:
+    texts = sentences()
+    start = time.perf_counter()
+    proto = _train(texts, vocab_size, model_type, max_sentences)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f'{path.name}.tmp-{os.getpid()}'
+    tmp.write_bytes(proto)
+    tmp.replace(path)
+    logging.info('Trained %s vocabulary of %d pieces in %.1f s: %s', model_type, vocab_size,
+                 time.perf_counter() - start, path)
+  deadline = time.monotonic() + timeout_secs
+  while not path.exists():
+    if time.monotonic() > deadline:
+      raise TimeoutError(f'Process {process_index}: {path} did not appear within {timeout_secs} s '
+                         '(process 0 trains it).')
+    time.sleep(poll_secs)
+  return Tokenizer.load(path)
+
