@@ -59,7 +59,8 @@ ROWS = {
     'D2': {'model.dropout_rate': 0.2},
     'D3': {'train.label_smoothing': 0.0},
     'D4': {'train.label_smoothing': 0.2},
-    'E': {'model.position_embedding': 'learned'},
+    # Learned positions must cover decoding: data.max_length + decode.extra_length = 256 + 50.
+    'E': {'model.position_embedding': 'learned', 'model.max_length': 306},
     'big': {},  # configs/big.py.
 }
 

@@ -190,9 +190,8 @@ def test_stops_early_once_no_live_hypothesis_can_win():
   assert len(calls) == 1
 
 
-def test_beam_size_one_equals_greedy_when_no_eos_is_passed_over():
-  # EOS is only likely after word 5. In general beam 1 differs from greedy: it keeps an EOS
-  # ending it passed over (see the next test), which greedy never revisits.
+def test_beam_size_one_equals_greedy():
+  # EOS is only likely after word 5, so hypotheses end at different steps.
   model = make_model(seed=3, batch=4, eos_logit=-30.0)
   t1 = model[0]
   t1[5, EOS] = 10.0
@@ -202,12 +201,16 @@ def test_beam_size_one_equals_greedy_when_no_eos_is_passed_over():
   np.testing.assert_array_equal(tokens[:, 0], greedy)
 
 
-def test_beam_size_one_keeps_a_better_eos_that_greedy_passes_over():
+def test_beam_size_one_equals_greedy_even_where_a_passed_over_eos_scores_better():
+  # EOS ranks second at the first step: as in fairseq, only EOS extensions among the beam_size best
+  # may finish, so beam 1 follows greedy to [3, EOS] although [EOS] alone is more probable.
   model = bigram_model([0.4, 0.5, 0.05, 0.05], [0.6, 0.2, 0.1, 0.1])
   greedy = run_greedy(model, [5], max_steps=5)
   tokens, _ = run_beam(model, [5], beam_size=1, alpha=0.0, max_steps=5)
   assert strip(greedy[0]) == (3, EOS)
-  assert strip(tokens[0, 0]) == (EOS,)  # log 0.4 > log(0.5 * 0.6).
+  assert strip(tokens[0, 0]) == (3, EOS)  # Not (EOS,), although log 0.4 > log(0.5 * 0.6).
+  wide, _ = run_beam(model, [5], beam_size=2, alpha=0.0, max_steps=5)
+  assert strip(wide[0, 0]) == (EOS,)  # A beam of 2 keeps the EOS ending and finds the better one.
 
 
 def test_greedy_matches_numpy():

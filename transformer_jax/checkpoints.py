@@ -88,6 +88,8 @@ class CheckpointManager:
     if save_interval_steps < 1:
       raise ValueError(f'save_interval_steps must be positive; got {save_interval_steps}.')
     self._workdir = os.fspath(workdir)
+    if '://' not in self._workdir:  # orbax needs absolute paths; gs:// and other URLs already are.
+      self._workdir = os.path.abspath(self._workdir)
     self._directory = os.path.join(self._workdir, 'checkpoints')
     # The same naming orbax uses by default (`<step>`, committed steps only); kept here so that the
     # fingerprint can be read before the orbax manager creates anything on disk.

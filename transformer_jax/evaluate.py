@@ -7,6 +7,7 @@ import functools
 import math
 from typing import Any, Iterable
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,21 +66,36 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
     memory, source_segment_ids = decoding.expand_to_beams((memory, source_segment_ids), beam_size)
   _, variables = model.apply({'params': params}, memory, source_segment_ids, max_steps,
                              method='init_cache', mutable=['cache'])
+  # The encoder-decoder attention K/V are the same for every beam of a sentence and never change: keep them
+  # out of the search's cache, which beam search reorders (copies) at every step.
+  fixed, cache = _split_cache(variables['cache'])
 
   def step_fn(last_tokens, cache):
     logits, new_variables = model.apply(
-        {'params': params, 'cache': cache}, last_tokens[:, None], memory, source_segment_ids,
-        decode=True, method='decode', mutable=['cache'])
-    return logits[:, 0, :], new_variables['cache']
+        {'params': params, 'cache': flax.traverse_util.unflatten_dict(fixed | _flat(cache))},
+        last_tokens[:, None], memory, source_segment_ids, decode=True, method='decode', mutable=['cache'])
+    return logits[:, 0, :], _split_cache(new_variables['cache'])[1]
 
   special = dict(eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID)
   if beam_size == 1:
-    return decoding.greedy_search(step_fn, variables['cache'], batch_size=batch_size,
+    return decoding.greedy_search(step_fn, cache, batch_size=batch_size,
                                   max_decode_lengths=max_decode_lengths, max_steps=max_steps, **special)
-  tokens, _ = decoding.beam_search(step_fn, variables['cache'], batch_size=batch_size, beam_size=beam_size,
+  tokens, _ = decoding.beam_search(step_fn, cache, batch_size=batch_size, beam_size=beam_size,
                                    alpha=alpha, max_decode_lengths=max_decode_lengths,
                                    max_steps=max_steps, **special)
   return tokens[:, 0, :]
+
+
+def _flat(tree) -> dict:
+  return flax.traverse_util.flatten_dict(flax.core.unfreeze(tree))
+
+
+def _split_cache(cache) -> tuple[dict, Any]:
+  """(flat dict of the encoder-decoder attention entries, the rest of the cache as a nested dict)."""
+  flat = _flat(cache)
+  fixed = {path: value for path, value in flat.items() if 'encoder_decoder_attention' in path}
+  rest = {path: value for path, value in flat.items() if path not in fixed}
+  return fixed, flax.traverse_util.unflatten_dict(rest)
 
 
 def translate(params: Any, batches: Iterable[dict[str, np.ndarray]], tokenizer: tokenizer_lib.Tokenizer,

@@ -1,0 +1,164 @@
+"""--mode=benchmark: compile and time the train step and beam decoding on synthetic batches.
+
+  python -m transformer_jax.main --config=configs/base.py --mode=benchmark \
+      --config.benchmark.batch_size=32 --config.benchmark.source_length=64 --config.benchmark.target_length=64
+
+Prints compile time, the median step time, tokens/s (source + target, no padding), model FLOPs per step
+counted analytically (matrix products, training = 3x forward) next to XLA's cost analysis, MFU against a
+peak measured on the spot (a large matrix product in the compute dtype) or taken from a table of known
+accelerators, and beam-search sentences/s. The last line is one JSON object.
+"""
+import functools
+import json
+import statistics
+import time
+
+from absl import logging
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import evaluate
+from transformer_jax import model as model_lib
+from transformer_jax import optim
+from transformer_jax import sharding
+from transformer_jax import train
+
+# Dense bf16 peaks (FLOP/s) of accelerators whose measured matmul rate would understate the datasheet.
+KNOWN_PEAKS = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5p': 459e12, 'TPU v6 lite': 918e12}
+
+
+def forward_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: int, target_length: int) -> float:
+  """Matrix-product FLOPs of one teacher-forced forward pass (2 per multiply-add).
+
+  Counts projections, attention scores and weighted sums, feed-forward and the output logits; not
+  softmax, layer norm or other elementwise work. Training costs 3x this (forward + two backward products).
+  """
+  h, d_k, d_v, d_model, d_ff = cfg.num_heads, cfg.d_k, cfg.d_v, cfg.d_model, cfg.d_ff
+  projections = 2 * d_model * h * (2 * d_k + d_v) + 2 * h * d_v * d_model  # Q, K, V and W^O per token.
+  feed_forward = 2 * 2 * d_model * d_ff
+
+  def attend(queries, keys):
+    return 2 * queries * keys * h * (d_k + d_v)
+
+  src, tgt = batch_size * source_length, batch_size * target_length
+  encoder = src * (projections + feed_forward) + batch_size * attend(source_length, source_length)
+  cross = (tgt * (2 * d_model * h * d_k + 2 * h * d_v * d_model) + src * 2 * d_model * h * (d_k + d_v)
+           + batch_size * attend(target_length, source_length))
+  decoder = tgt * (projections + feed_forward) + batch_size * attend(target_length, target_length) + cross
+  logits = tgt * 2 * d_model * cfg.vocab_size
+  return float(cfg.num_layers * (encoder + decoder) + logits)
+
+
+def measure_peak_flops(dtype, size: int) -> float:
+  """FLOP/s of a [size, size] x [size, size] product in `dtype` with float32 accumulation (median of 5)."""
+  a = jnp.ones((size, size), dtype)
+  matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+  jax.block_until_ready(matmul(a, a))
+  times = []
+  for _ in range(5):
+    start = time.perf_counter()
+    jax.block_until_ready(matmul(a, a))
+    times.append(time.perf_counter() - start)
+  return 2 * size ** 3 / statistics.median(times)
+
+
+def peak_flops(dtype) -> tuple[float, str]:
+  """(peak FLOP/s, where it came from): a known accelerator's table value, else measured here."""
+  kind = jax.devices()[0].device_kind
+  for name, value in KNOWN_PEAKS.items():
+    if kind.startswith(name):
+      return value * jax.device_count(), f'table ({kind})'
+  size = 2048 if jax.default_backend() == 'cpu' else 8192
+  return measure_peak_flops(dtype, size) * jax.device_count(), f'measured {size}^3 matmul on {kind}'
+
+
+def _timed(fn, *args, num_steps: int):
+  """Median seconds of fn(*args) over num_steps calls after one warm-up call; returns (median, last output)."""
+  out = jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(num_steps):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times), out
+
+
+def synthetic_batch(cfg: model_lib.ModelConfig, batch_size: int, source_length: int, target_length: int):
+  """Random token ids without padding (ids 3..vocab-1), as numpy int32 arrays."""
+  rng = np.random.default_rng(0)
+  tokens = lambda length: rng.integers(3, cfg.vocab_size, (batch_size, length), dtype=np.int32)
+  target = tokens(target_length)
+  decoder_input = np.concatenate([np.ones((batch_size, 1), np.int32), target[:, :-1]], axis=1)
+  return {'source_tokens': tokens(source_length), 'decoder_input_tokens': decoder_input, 'target_tokens': target}
+
+
+def run(config) -> dict[str, float]:
+  """Benchmarks the configured model; prints a report and returns (and prints last) the JSON figures."""
+  train.validate_config(config)
+  cfg = model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)
+  bench = config.benchmark
+  batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
+  mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
+  shards = mesh.shape['data'] * mesh.shape['fsdp']
+  batch_size = -(-batch_size // shards) * shards
+  model = model_lib.Transformer(cfg)
+  tx = optim.make_optimizer(optim.rsqrt_schedule(cfg.d_model, config.train.warmup_steps))
+  host_batch = synthetic_batch(cfg, batch_size, bench.source_length, bench.target_length)
+  batch_sharding = sharding.batch_sharding(mesh)
+  batch = {k: jax.device_put(v, batch_sharding) for k, v in host_batch.items()}
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    state, state_sharding = train.sharded_train_state(jax.random.key(0), model, tx, batch, mesh, rules)
+    step_fn = jax.jit(
+        functools.partial(train.train_step, model=model, tx=tx, label_smoothing=config.train.label_smoothing),
+        in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None), donate_argnums=0)
+    start = time.perf_counter()
+    compiled = step_fn.lower(state, batch).compile()
+    compile_time = time.perf_counter() - start
+    xla_flops = float((compiled.cost_analysis() or {}).get('flops', float('nan')))
+    state, _ = compiled(state, batch)
+    times = []
+    for _ in range(bench.num_steps):
+      start = time.perf_counter()
+      state, metrics = compiled(state, batch)
+      jax.block_until_ready(metrics)
+      times.append(time.perf_counter() - start)
+    step_time = statistics.median(times)
+    decode_rate = _decode_rate(state.params, model, config, host_batch)
+  flops = 3 * forward_flops(cfg, batch_size, bench.source_length, bench.target_length)
+  peak, peak_source = peak_flops(cfg.compute_dtype)
+  tokens = batch_size * (bench.source_length + bench.target_length)
+  results = {
+      'train_tokens_per_sec': tokens / step_time, 'step_time_ms': 1e3 * step_time,
+      'mfu': flops / step_time / peak, 'peak_flops': peak, 'model_flops_per_step': flops,
+      'xla_flops_per_step': xla_flops * jax.device_count(), 'compile_time_s': compile_time,
+      'decode_sentences_per_sec': decode_rate, 'batch_size': batch_size,
+      'source_length': bench.source_length, 'target_length': bench.target_length,
+      'dtype': cfg.dtype, 'devices': jax.device_count(), 'device_kind': jax.devices()[0].device_kind}
+  _print_report(results, peak_source)
+  return results
+
+
+def _decode_rate(params, model, config, host_batch) -> float:
+  """Beam search (decode.beam_size, alpha) sentences/s on benchmark.decode_sentences synthetic sources."""
+  count = min(config.benchmark.decode_sentences, host_batch['source_tokens'].shape[0])
+  source = jnp.asarray(host_batch['source_tokens'][:count])
+  decode = functools.partial(evaluate.decode_batch, model=model, beam_size=config.decode.beam_size,
+                             alpha=config.decode.alpha, extra_length=config.decode.extra_length)
+  seconds, _ = _timed(decode, params, source, num_steps=2)
+  return count / seconds
+
+
+def _print_report(results: dict, peak_source: str) -> None:
+  r = results
+  logging.info('benchmark done')
+  print(f"shape: {r['batch_size']} x ({r['source_length']} + {r['target_length']}) tokens, {r['dtype']}, "
+        f"{r['devices']} x {r['device_kind']}")
+  print(f"compile_time: {r['compile_time_s']:.1f} s")
+  print(f"step_time: {r['step_time_ms']:.1f} ms (median)   train_tokens_per_sec: {r['train_tokens_per_sec']:.0f}")
+  print(f"model_flops_per_step: {r['model_flops_per_step'] / 1e9:.1f} G (analytic)   "
+        f"xla_flops_per_step: {r['xla_flops_per_step'] / 1e9:.1f} G (cost analysis)")
+  print(f"peak_flops: {r['peak_flops'] / 1e12:.2f} TFLOP/s ({peak_source})   mfu: {100 * r['mfu']:.1f}%")
+  print(f"decode_sentences_per_sec: {r['decode_sentences_per_sec']:.1f}")
+  print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in results.items()}))
