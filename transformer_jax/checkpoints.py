@@ -65,7 +65,7 @@ class CheckpointManager:
 
   def __init__(self, workdir: str | os.PathLike[str], *, max_to_keep: int | None = None,
                save_interval_steps: int = 1, fingerprint: dict | None = None,
-               async_save: bool = True):
+               async_save: bool = True, read_only: bool = False):
     """Opens (and, once the fingerprint check has passed, creates) `<workdir>/checkpoints`.
 
     Args:
@@ -78,6 +78,8 @@ class CheckpointManager:
         allowed, e.g. {'model': {'d_model': 512}, 'data': {'vocab_size': 37000}}). Checked by
         `check_compatible` before anything is written, and stored with every checkpoint.
       async_save: write in a background thread; `wait_until_finished` blocks until done.
+      read_only: open for restoring only (e.g. a notebook beside a running job): creates nothing and
+        leaves temporary directories of saves in progress alone.
 
     Raises:
       ValueError: if `max_to_keep` or `save_interval_steps` is not positive, or the fingerprint
@@ -97,6 +99,11 @@ class CheckpointManager:
     self._fingerprint = None if fingerprint is None else _to_json(fingerprint, 'fingerprint')
     if fingerprint is not None:
       self.check_compatible(fingerprint)
+    if read_only:  # Restores only: creates nothing and never cleans up a save in progress.
+      self._manager = ocp.CheckpointManager(self._directory, options=ocp.CheckpointManagerOptions(
+          read_only=True, create=False, cleanup_tmp_directories=False,
+          step_name_format=self._name_format, enable_async_checkpointing=False))
+      return
     self._manager = ocp.CheckpointManager(
         self._directory,
         options=ocp.CheckpointManagerOptions(

@@ -20,6 +20,11 @@ flags.DEFINE_string('workdir', None, 'Directory for the vocabulary, checkpoints,
 flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
 flags.DEFINE_string('input', None, 'translate mode: input file, one sentence per line (stdin if omitted).')
 flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omitted).')
+flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.distributed.initialize() before any '
+                     'JAX use. Unset: only when a multi-process launcher is detected (JAX_COORDINATOR_ADDRESS with '
+                     'JAX_NUM_PROCESSES and JAX_PROCESS_ID, an srun step of several tasks, mpirun with several '
+                     'ranks, a multi-worker Cloud TPU slice; sharding.distributed_environment). --multihost forces '
+                     'it (launch/tpu_vm.sh run passes it), --nomultihost forbids it.')
 flags.mark_flags_as_required(['config'])
 
 
@@ -37,8 +42,8 @@ def main(argv):
     return
   if workdir is None:
     raise app.UsageError(f'--workdir is required for --mode={mode}')
-  if jax.process_count() > 1 or 'JAX_COORDINATOR_ADDRESS' in os.environ:
-    jax.distributed.initialize()
+  from transformer_jax import sharding  # pylint: disable=g-import-not-at-top
+  sharding.initialize_distributed(flags.FLAGS.multihost)  # Before any call that starts a JAX backend.
   logging.info('JAX process %d/%d, %d local devices: %s', jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.devices())
   from transformer_jax import train  # pylint: disable=g-import-not-at-top
@@ -49,7 +54,8 @@ def main(argv):
   elif mode == 'translate':
     train.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
   elif mode == 'compile':
-    train.compile_only(config, workdir)
+    from transformer_jax import aot  # pylint: disable=g-import-not-at-top
+    aot.compile_only(config, workdir)
 
 
 if __name__ == '__main__':

@@ -1,13 +1,28 @@
-"""Logical axis names for parameters and activations, and the device mesh they map onto.
+"""Logical axis names for parameters and activations, the device mesh they map onto, and multi-host start-up.
 
 Model code names axes only through the constants below; `config.mesh.logical_axis_rules` maps them to the
-mesh axes `data`, `fsdp` and `tensor`, so the parallelism layout changes by configuration alone.
+mesh axes `data`, `fsdp` and `tensor`, so the parallelism layout changes by configuration alone:
+
+  data parallel (default)   mesh.data=-1: parameters replicated, the batch split over 'data'; gradients are
+                            all-reduced.
+  FSDP (ZeRO-3 style)       mesh.fsdp=N: the batch is split over ('data', 'fsdp') and every parameter's
+                            d_model (EMBED) dimension over 'fsdp'; XLA all-gathers weights before use and
+                            reduces their gradients onto the shards, so parameters and Adam moments take 1/N
+                            of memory (the CPU backend does the reduction as all-reduce, then a slice).
+  tensor parallel           mesh.tensor=N: heads (HEADS), d_ff (MLP) and the vocabulary (VOCAB) split over
+                            'tensor' (Megatron-style, Shoeybi et al. 2019); the batch is replicated over it.
+
+The rules are in order of precedence (flax semantics): a mesh axis already used by an earlier dimension of the
+same array is skipped, so activations [batch, length, embed] keep EMBED unsplit (the batch took 'fsdp').
 """
+from collections.abc import Mapping
+import os
 from typing import Any
 
+from absl import logging
 import flax.linen as nn
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
 BATCH = 'batch'    # Sentences (rows) in a batch.
@@ -18,7 +33,9 @@ HEADS = 'heads'    # num_heads.
 KV = 'kv'          # d_k or d_v.
 VOCAB = 'vocab'    # Shared vocabulary.
 
+LOGICAL_AXES = (BATCH, LENGTH, EMBED, MLP, HEADS, KV, VOCAB)
 MESH_AXES = ('data', 'fsdp', 'tensor')
+BATCH_MESH_AXES = ('data', 'fsdp')  # The input pipeline and `batch_sharding` split rows over these.
 
 
 def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
@@ -48,27 +65,191 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
 def make_mesh(mesh_config, devices=None) -> Mesh:
   """A Mesh with axes ('data', 'fsdp', 'tensor') of Auto type (so logical constraints apply).
 
+  Devices are ordered by `jax.make_mesh` for the physical topology (TPU torus, GPU NVLink islands), with
+  'tensor' the innermost (fastest-varying) axis, so tensor-parallel collectives stay within a host.
+
   Args:
     mesh_config: `config.mesh` (data, fsdp, tensor).
     devices: devices to use; all of `jax.devices()` by default.
+
+  Raises:
+    ValueError: for bad axis sizes (see `mesh_shape`), or a layout in which processes would share batch rows
+      (see `check_process_layout`).
   """
-  devices = jax.devices() if devices is None else devices
+  devices = jax.devices() if devices is None else list(devices)
   shape = mesh_shape(mesh_config, len(devices))
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  mesh = jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+  check_process_layout(np.vectorize(lambda d: d.process_index)(mesh.devices))
+  return mesh
+
+
+def check_process_layout(process_grid: np.ndarray) -> None:
+  """Each process must hold 1/process_count of the batch shards, none shared with another process: the input
+  pipeline gives each process that many rows, which `jax.make_array_from_process_local_data` places on them.
+
+  Args:
+    process_grid: int [data, fsdp, tensor], the process index of the device at each mesh position.
+
+  Raises:
+    ValueError: if a process holds more or fewer batch shards than that (when 'tensor' spans hosts, two
+      processes would need the same rows).
+  """
+  processes = np.unique(process_grid)
+  if len(processes) == 1:
+    return
+  data, fsdp, tensor = process_grid.shape
+  by_shard = process_grid.reshape(data * fsdp, tensor)  # Row i: the processes holding batch shard i.
+  if (data * fsdp) % len(processes):
+    raise ValueError(f'mesh.data*mesh.fsdp={data * fsdp} batch shards do not divide among {len(processes)} '
+                     'processes; make the data or fsdp axis span the hosts (tensor within a host)')
+  per_process = data * fsdp // len(processes)
+  for p in processes:
+    shards = np.flatnonzero((by_shard == p).any(axis=1))
+    if len(shards) != per_process:
+      raise ValueError(f'process {p} holds batch shards {shards.tolist()} of {data * fsdp}; each process must '
+                       f'hold {per_process} of its own: keep mesh.tensor within a host (mesh.tensor <= local '
+                       'devices)')
 
 
 def logical_axis_rules(mesh_config) -> tuple[tuple[str, Any], ...]:
-  """`config.mesh.logical_axis_rules` as the tuple of (logical name, mesh axes) pairs flax expects."""
-  return tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes)
-               for name, axes in mesh_config.logical_axis_rules)
+  """`config.mesh.logical_axis_rules` as the tuple of (logical name, mesh axes) pairs flax expects.
+
+  Raises:
+    ValueError: naming `mesh.logical_axis_rules` when a rule names an unknown logical axis or mesh axis, or
+      when `batch` does not map to ('data', 'fsdp') first (batches are placed by `batch_sharding`).
+  """
+  rules = []
+  for rule in mesh_config.logical_axis_rules:
+    if len(rule) != 2:
+      raise ValueError(f'mesh.logical_axis_rules entries must be (logical name, mesh axes) pairs, got {rule!r}')
+    name, axes = rule
+    if name not in LOGICAL_AXES:
+      raise ValueError(f'mesh.logical_axis_rules: unknown logical axis {name!r}; allowed: {LOGICAL_AXES}')
+    axes = tuple(axes) if isinstance(axes, (list, tuple)) else axes
+    for axis in (axes if isinstance(axes, tuple) else (axes,)):
+      if axis is not None and axis not in MESH_AXES:
+        raise ValueError(f'mesh.logical_axis_rules: {name!r} maps to unknown mesh axis {axis!r}; allowed: '
+                         f'{MESH_AXES} or None')
+    rules.append((name, axes))
+  batch_axes = next((axes for name, axes in rules if name == BATCH), None)
+  if batch_axes != BATCH_MESH_AXES:
+    raise ValueError(f"mesh.logical_axis_rules: 'batch' must map to {BATCH_MESH_AXES} (the input pipeline "
+                     f'and batch_sharding split rows over them), got {batch_axes!r}')
+  return tuple(rules)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Batches are split along their first (batch) dimension over the data and fsdp axes."""
-  return NamedSharding(mesh, PartitionSpec(('data', 'fsdp')))
+  return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
 
 
 def logical_to_sharding(abstract_tree, mesh: Mesh, rules):
-  """NamedShardings for a tree of (possibly LogicallyPartitioned) arrays; unannotated leaves replicate."""
+  """NamedShardings for a tree of (possibly LogicallyPartitioned) arrays; unannotated leaves replicate.
+
+  Args:
+    abstract_tree: arrays or ShapeDtypeStructs, boxed with logical names (e.g. `jax.eval_shape` of an init).
+    mesh: the device mesh.
+    rules: `logical_axis_rules(config.mesh)`.
+
+  Returns:
+    The matching tree (unboxed) of NamedShardings.
+
+  Raises:
+    ValueError: naming the parameter, its shape and the mesh axes when a dimension does not divide by the
+      number of shards the rules give it (e.g. num_heads=8 with mesh.tensor=16).
+  """
   specs = nn.get_partition_spec(abstract_tree)
-  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+  shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+  check_divisible(abstract_tree, shardings)
+  return shardings
+
+
+def _leaves_with_path(tree) -> list[tuple[Any, Any]]:
+  """(path, array) pairs, looking through flax's boxes without applying their constraints."""
+  is_box = lambda x: isinstance(x, nn.spmd.LogicallyPartitioned)
+  return [(path, leaf.value if is_box(leaf) else leaf)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_box)]
+
+
+def check_divisible(abstract_tree, shardings) -> None:
+  """Raises ValueError for the first leaf whose shape does not divide evenly by its sharding."""
+  for (path, leaf), leaf_sharding in zip(_leaves_with_path(abstract_tree), jax.tree.leaves(shardings)):
+    spec = leaf_sharding.spec
+    for dim, axes in zip(np.shape(leaf), spec):
+      axes = axes if isinstance(axes, tuple) else (axes,)
+      shards = int(np.prod([leaf_sharding.mesh.shape[a] for a in axes if a is not None]))
+      if dim % shards:
+        raise ValueError(f'{jax.tree_util.keystr(path)} has shape {tuple(np.shape(leaf))} and partition '
+                         f'spec {spec}: dimension {dim} does not divide by {shards} shards of mesh axes '
+                         f'{axes}; change config.mesh (data, fsdp, tensor) or the model size')
+
+
+def describe(abstract_tree, shardings) -> str:
+  """One line per leaf: path, global shape, partition spec and per-device shape (for logs and reports)."""
+  lines = []
+  for (path, leaf), leaf_sharding in zip(_leaves_with_path(abstract_tree), jax.tree.leaves(shardings)):
+    shape = tuple(np.shape(leaf))
+    lines.append(f'{jax.tree_util.keystr(path)}  {shape}  {leaf_sharding.spec}  '
+                 f'per device {leaf_sharding.shard_shape(shape)}')
+  return '\n'.join(lines)
+
+
+def distributed_environment(environ: Mapping[str, str] | None = None) -> str | None:
+  """The multi-process launcher this process runs under, or None for a single process.
+
+  The rule (checked before any JAX call, since `jax.distributed.initialize` must come first):
+    'coordinator'  JAX_COORDINATOR_ADDRESS is set (with JAX_NUM_PROCESSES and JAX_PROCESS_ID; any launcher);
+    'slurm'        inside an `srun` step of more than one task (SLURM_STEP_NODELIST and SLURM_NTASKS > 1);
+    'openmpi'      under `mpirun` with more than one rank (OMPI_MCA_orte_hnp_uri, OMPI_COMM_WORLD_SIZE > 1);
+    'cloud_tpu'    a multi-worker Cloud TPU slice (TPU_WORKER_HOSTNAMES lists several hosts, or
+                   MEGASCALE_COORDINATOR_ADDRESS is set). Plain `gcloud ... tpu-vm ssh --worker=all` does not set
+                   these: `launch/tpu_vm.sh run` passes --multihost instead.
+
+  Args:
+    environ: the environment; os.environ by default.
+  """
+  env = os.environ if environ is None else environ
+  if env.get('JAX_COORDINATOR_ADDRESS'):
+    return 'coordinator'
+  slurm = ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID')
+  if all(key in env for key in slurm) and int(env['SLURM_NTASKS']) > 1:
+    return 'slurm'
+  if 'OMPI_MCA_orte_hnp_uri' in env and int(env.get('OMPI_COMM_WORLD_SIZE', '1')) > 1:
+    return 'openmpi'
+  if len([h for h in env.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]) > 1 or env.get(
+      'MEGASCALE_COORDINATOR_ADDRESS'):
+    return 'cloud_tpu'
+  return None
+
+
+def initialize_distributed(multihost: bool | None = None, environ: Mapping[str, str] | None = None) -> bool:
+  """Calls `jax.distributed.initialize()` when this is one of several processes; call before any JAX use.
+
+  Args:
+    multihost: True forces initialisation (JAX then detects Cloud TPU, SLURM, Open MPI or reads
+      JAX_COORDINATOR_ADDRESS), False forbids it, None (default) follows `distributed_environment`.
+    environ: the environment; os.environ by default.
+
+  Returns:
+    Whether jax.distributed was initialised.
+
+  Raises:
+    ValueError: if JAX_COORDINATOR_ADDRESS is set without JAX_NUM_PROCESSES and JAX_PROCESS_ID and no other
+      launcher supplies them.
+  """
+  env = os.environ if environ is None else environ
+  detected = distributed_environment(env)
+  if multihost is False or (multihost is None and detected is None):
+    return False
+  kwargs = {}
+  if detected == 'coordinator' and distributed_environment(
+      {k: v for k, v in env.items() if k != 'JAX_COORDINATOR_ADDRESS'}) is None:
+    missing = [k for k in ('JAX_NUM_PROCESSES', 'JAX_PROCESS_ID') if k not in env]
+    if missing:
+      raise ValueError(f'JAX_COORDINATOR_ADDRESS={env["JAX_COORDINATOR_ADDRESS"]} is set but {missing} are not '
+                       '(each process needs the process count and its own id)')
+    kwargs = dict(coordinator_address=env['JAX_COORDINATOR_ADDRESS'],
+                  num_processes=int(env['JAX_NUM_PROCESSES']), process_id=int(env['JAX_PROCESS_ID']))
+  logging.info('Initialising jax.distributed (%s).', detected or '--multihost')
+  jax.distributed.initialize(**kwargs)
+  return True

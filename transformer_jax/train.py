@@ -1,18 +1,33 @@
-"""Training state, the pure train and eval steps, and sharded state creation (§5)."""
-import dataclasses
+"""The pure train and eval steps (§5) and the training loop: resumable, preemptible, NaN-safe.
+
+Reliability, as the loop implements it:
+  - Resuming: every run restores the newest readable checkpoint in `<workdir>/checkpoints` (the state and the
+    input iterator's position), so a rerun continues exactly where the last checkpoint left off. Newer
+    checkpoints that cannot be read (a file truncated or lost after a crash) are moved to
+    `<workdir>/unusable_checkpoints/` with a warning and written again by the resumed run.
+  - Signals: SIGTERM or SIGINT while training saves a checkpoint at the current step, logs it and returns
+    normally (exit status 0); a second SIGINT interrupts at once. A kill -9 loses only the steps after the
+    last checkpoint: orbax commits a checkpoint by renaming a finished temporary folder.
+  - Non-finite values: an update whose loss, gradient or parameter update is not finite is never applied
+    (`train_step`); then the run stops with FloatingPointError naming the step and the checkpoint to resume
+    from (train.on_nonfinite='stop'), or logs it and carries on ('skip'). Checkpoints never hold NaN.
+  - Start-up: config values, input files, the workdir (writable, no incompatible run in it) and, when
+    translating at the end, the test split are checked before training (`experiment.setup`).
+"""
 import datetime
 import functools
-import os
+import signal
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from absl import logging
-import flax
+from etils import epath
 import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
-from jax.sharding import Mesh
 import numpy as np
 import optax
 import tensorboardX
@@ -23,34 +38,23 @@ from transformer_jax import evaluate as evaluate_lib
 from transformer_jax import input_pipeline
 from transformer_jax import losses
 from transformer_jax import model as model_lib
-from transformer_jax import optim
+from transformer_jax import multi30k
 from transformer_jax import sharding
-from transformer_jax import tokenizer as tokenizer_lib
+# Re-exported: they lived here before experiment.py, and other modules use them as train.<name>.
+from transformer_jax.experiment import create_train_state  # pylint: disable=unused-import
+from transformer_jax.experiment import encode_split
+from transformer_jax.experiment import make_eval_batches
+from transformer_jax.experiment import model_inputs
+from transformer_jax.experiment import open_checkpoints
+from transformer_jax.experiment import setup
+from transformer_jax.experiment import Setup
+from transformer_jax.experiment import sharded_train_state
+from transformer_jax.experiment import TrainState
+from transformer_jax.experiment import validate_config  # pylint: disable=unused-import
 
 Array = jax.Array
 Batch = dict[str, Array]
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything a checkpoint needs to resume training exactly.
-
-  Attributes:
-    step: int32 scalar, number of updates applied.
-    params: float32 parameter tree.
-    opt_state: Adam moments and count.
-    rng: uint32 [2] raw PRNG key data; dropout at step s uses fold_in(rng, s).
-  """
-  step: Array
-  params: Any
-  opt_state: Any
-  rng: Array
-
-
-def _model_inputs(batch: Batch) -> dict[str, Array]:
-  """Model keyword arguments from a batch dict (segment ids and positions only for packed batches)."""
-  keys = ('source_segment_ids', 'target_segment_ids', 'source_positions', 'target_positions')
-  return {key: batch[key] for key in keys if key in batch}
+_SUM_KEYS = ('loss_sum', 'nll_sum', 'correct_sum', 'token_count')
 
 
 def target_weights(batch: Batch) -> Array:
@@ -58,48 +62,13 @@ def target_weights(batch: Batch) -> Array:
   return (batch['target_tokens'] != 0).astype(jnp.float32)
 
 
-def create_train_state(rng: Array, model: model_lib.Transformer, tx: optax.GradientTransformation,
-                       batch: Batch) -> TrainState:
-  """Initialises parameters (boxed with logical axis names) and the optimiser state.
-
-  Args:
-    rng: a PRNG key.
-    model: the Transformer.
-    tx: the optimiser.
-    batch: an example batch (only shapes matter).
-
-  Returns:
-    A TrainState at step 0 whose params are `LogicallyPartitioned` boxes.
-  """
-  init_rng, dropout_rng = jax.random.split(rng)
-  variables = model.init({'params': init_rng}, batch['source_tokens'], batch['decoder_input_tokens'],
-                         **_model_inputs(batch))
-  params = variables['params']
-  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=jax.random.key_data(dropout_rng))
-
-
-def sharded_train_state(rng, model, tx, batch, mesh, rules) -> tuple[TrainState, Any]:
-  """Creates the TrainState directly in its sharded layout (jit of the initialiser with out_shardings).
-
-  Returns:
-    (state with unboxed params, the matching tree of NamedShardings).
-  """
-  init_fn = functools.partial(create_train_state, model=model, tx=tx, batch=batch)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract = jax.eval_shape(init_fn, rng)
-    state_sharding = sharding.logical_to_sharding(abstract, mesh, rules)
-    state = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=state_sharding)(rng)
-  return state, state_sharding
-
-
 def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
                tx: optax.GradientTransformation, label_smoothing: float) -> tuple[TrainState, dict[str, Array]]:
   """One Adam update on the label-smoothed loss averaged over the batch's real target tokens.
 
-  A non-finite loss or gradient leaves the state unchanged except for the step counter (the parameters
-  are never overwritten with NaN) and reports `nonfinite=1`; the caller stops or carries on
-  (`train.on_nonfinite`).
+  A non-finite loss, gradient or parameter update leaves the state unchanged except for the step counter
+  (the parameters are never overwritten with NaN or inf) and reports `nonfinite=1`; the caller stops or
+  carries on (`train.on_nonfinite`).
 
   Args:
     state: the TrainState (its buffers are donated by the jitted caller).
@@ -111,22 +80,24 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
 
   Returns:
     (new state, metrics): float32 sums `loss_sum`, `nll_sum`, `correct_sum`, `token_count`, plus
-    `grad_norm` and `nonfinite` for this step.
+    `grad_norm` and `nonfinite` (1.0 when the update was not applied) for this step.
   """
   dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   weights = target_weights(batch)
 
   def loss_fn(params):
     logits = model.apply({'params': params}, batch['source_tokens'], batch['decoder_input_tokens'],
-                         **_model_inputs(batch), deterministic=False, rngs={'dropout': dropout_rng})
+                         **model_inputs(batch), deterministic=False, rngs={'dropout': dropout_rng})
     sums = losses.smoothed_cross_entropy(logits, batch['target_tokens'], weights, label_smoothing)
     return sums['loss_sum'] / jnp.maximum(sums['token_count'], 1.0), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  grad_norm = optax.global_norm(grads)
-  finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums['loss_sum'])
+  grad_norm = optax.tree.norm(grads)
+  # The update can overflow when the gradient does not (an infinite learning rate, Adam's moments).
+  finite = (jnp.isfinite(sums['loss_sum']) & jnp.isfinite(grad_norm)
+            & jnp.isfinite(optax.tree.norm(updates)))
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
   new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
                             opt_state=keep(opt_state, state.opt_state))
@@ -138,141 +109,8 @@ def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
               label_smoothing: float) -> dict[str, Array]:
   """Teacher-forced validation metrics for one batch, as sums (see `losses.smoothed_cross_entropy`)."""
   logits = model.apply({'params': params}, batch['source_tokens'], batch['decoder_input_tokens'],
-                       **_model_inputs(batch), deterministic=True)
+                       **model_inputs(batch), deterministic=True)
   return losses.smoothed_cross_entropy(logits, batch['target_tokens'], target_weights(batch), label_smoothing)
-
-
-def validate_config(config) -> model_lib.ModelConfig:
-  """Checks every configuration value at start-up, in one place, before anything is read or written.
-
-  Returns:
-    The ModelConfig at the configured vocabulary size (the tokenizer's actual size replaces it later).
-
-  Raises:
-    ValueError: naming the first bad key, its value and what is allowed.
-  """
-  def require(ok: bool, key: str, value, allowed: str):
-    if not ok:
-      raise ValueError(f'{key} must be {allowed}, got {value!r}')
-
-  train_cfg, data_cfg, decode_cfg = config.train, config.data, config.decode
-  for key in ('num_train_steps', 'warmup_steps', 'log_every_steps', 'eval_every_steps',
-              'checkpoint_every_steps', 'max_checkpoints_to_keep'):
-    value = train_cfg[key]
-    require(isinstance(value, int) and value > 0, f'train.{key}', value, 'a positive integer')
-  require(0.0 <= train_cfg.label_smoothing < 1.0, 'train.label_smoothing', train_cfg.label_smoothing, 'in [0, 1)')
-  require(train_cfg.on_nonfinite in ('stop', 'skip'), 'train.on_nonfinite', train_cfg.on_nonfinite,
-          "one of ('stop', 'skip')")
-  for key in ('vocab_size', 'tokens_per_batch', 'max_length', 'tokenizer_train_sentences'):
-    require(data_cfg[key] > 0, f'data.{key}', data_cfg[key], 'a positive integer')
-  require(data_cfg.tokenizer_model_type in ('bpe', 'unigram'), 'data.tokenizer_model_type',
-          data_cfg.tokenizer_model_type, "one of ('bpe', 'unigram')")
-  require(data_cfg.source_lang != data_cfg.target_lang, 'data.target_lang', data_cfg.target_lang,
-          f'different from data.source_lang={data_cfg.source_lang!r}')
-  require(decode_cfg.beam_size >= 1, 'decode.beam_size', decode_cfg.beam_size, 'at least 1')
-  require(decode_cfg.alpha >= 0.0, 'decode.alpha', decode_cfg.alpha, '>= 0')
-  require(decode_cfg.extra_length >= 1, 'decode.extra_length', decode_cfg.extra_length, 'at least 1')
-  require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
-          config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
-  require(config.model.max_length >= data_cfg.max_length or config.model.position_embedding != 'learned',
-          'data.max_length', data_cfg.max_length, f'<= model.max_length={config.model.max_length} with '
-          'learned positions')
-  sharding.mesh_shape(config.mesh, jax.device_count())
-  optim.rsqrt_schedule(config.model.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
-  optim.make_optimizer(optim.rsqrt_schedule(1, 1), b1=train_cfg.adam_b1, b2=train_cfg.adam_b2,
-                       eps=train_cfg.adam_eps, grad_clip_norm=train_cfg.grad_clip_norm)
-  return model_lib.ModelConfig(vocab_size=data_cfg.vocab_size, **config.model)
-
-
-@dataclasses.dataclass
-class Setup:
-  """What every mode builds from the config: mesh, vocabulary, model, optimiser and sharded steps."""
-  config: Any
-  workdir: str
-  mesh: Mesh
-  rules: Any
-  tokenizer: tokenizer_lib.Tokenizer
-  model: model_lib.Transformer
-  tx: optax.GradientTransformation
-  schedule: optax.Schedule
-  checkpoints: checkpoints_lib.CheckpointManager
-
-  @property
-  def data_shards(self) -> int:
-    return self.mesh.shape['data'] * self.mesh.shape['fsdp']
-
-  def abstract_state(self):
-    """ShapeDtypeStructs with shardings of the TrainState (for restoring without initialising)."""
-    batch = {key: jnp.zeros((self.data_shards, 8), jnp.int32)
-             for key in ('source_tokens', 'decoder_input_tokens', 'target_tokens')}
-    init_fn = functools.partial(create_train_state, model=self.model, tx=self.tx, batch=batch)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      abstract = jax.eval_shape(init_fn, jax.random.key(0))
-      shardings = sharding.logical_to_sharding(abstract, self.mesh, self.rules)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        nn.unbox(abstract), shardings)
-
-  def device_batch(self, batch: dict[str, np.ndarray]) -> Batch:
-    """This host's rows of a global batch as global arrays split over the data axes."""
-    batch_sharding = sharding.batch_sharding(self.mesh)
-    return {key: jax.make_array_from_process_local_data(batch_sharding, value)
-            for key, value in batch.items() if key != 'example_index'}
-
-
-def setup(config, workdir: str) -> Setup:
-  """Validates the config, checks the workdir, loads or trains the vocabulary and builds the model.
-
-  Raises:
-    ValueError: for a bad config value, or a workdir holding a run with an incompatible config.
-    OSError: if the workdir cannot be created or written.
-  """
-  validate_config(config)
-  _check_writable(workdir)
-  mesh = sharding.make_mesh(config.mesh)
-  rules = sharding.logical_axis_rules(config.mesh)
-  tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
-  model_cfg = model_lib.ModelConfig(vocab_size=tokenizer.vocab_size, **config.model)
-  schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps,
-                                  config.train.learning_rate_scale)
-  tx = optim.make_optimizer(schedule, b1=config.train.adam_b1, b2=config.train.adam_b2,
-                            eps=config.train.adam_eps, grad_clip_norm=config.train.grad_clip_norm)
-  fingerprint = {'model': dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None,
-                                                            'remat': None},
-                 'data': {'vocab_size': tokenizer.vocab_size, 'source_lang': config.data.source_lang,
-                          'target_lang': config.data.target_lang}}
-  manager = checkpoints_lib.CheckpointManager(
-      workdir, max_to_keep=config.train.max_checkpoints_to_keep,
-      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=fingerprint)
-  return Setup(config, workdir, mesh, rules, tokenizer, model_lib.Transformer(model_cfg), tx, schedule, manager)
-
-
-def _check_writable(workdir: str) -> None:
-  """Fails before training when the workdir cannot be written (read-only, missing permissions, full)."""
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f'.write_probe_{jax.process_index()}')
-    with open(probe, 'w') as f:
-      f.write('x' * 4096)
-      f.flush()
-      os.fsync(f.fileno())
-    os.remove(probe)
-  except OSError as e:
-    raise OSError(f'--workdir={workdir} is not writable: {e}') from e
-
-
-def encode_split(s: Setup, split: str):
-  """(source texts, target texts, source ids, target ids) of one split, in file order."""
-  source, target = input_pipeline.load_split(s.config.data, split)
-  return (source, target, input_pipeline.encode(s.tokenizer, source),
-          input_pipeline.encode(s.tokenizer, target))
-
-
-def make_eval_batches(s: Setup, source_ids, target_ids) -> list[dict[str, np.ndarray]]:
-  data_cfg = s.config.data
-  return input_pipeline.eval_batches(
-      source_ids, target_ids, tokens_per_batch=data_cfg.tokens_per_batch, max_length=data_cfg.max_length,
-      bucket_lengths=data_cfg.bucket_lengths, batch_size_multiple=s.data_shards,
-      process_index=jax.process_index(), process_count=jax.process_count())
 
 
 def _jit_steps(s: Setup, state_sharding):
@@ -287,49 +125,65 @@ def _jit_steps(s: Setup, state_sharding):
   return train_fn, eval_fn
 
 
+@jax.jit
+def _accumulate(sums: dict[str, Array], metrics: dict[str, Array]) -> dict[str, Array]:
+  """Adds one step's metric sums (zeros for a step whose update was not applied) and counts those steps."""
+  skipped = metrics['nonfinite'] > 0
+  return {key: sums[key] + jnp.where(skipped, 0.0, metrics[key]) for key in _SUM_KEYS} | {
+      'skipped_steps': sums['skipped_steps'] + metrics['nonfinite']}
+
+
 class _Progress:
-  """Sums metrics on the device between reports; fetches them one step late (no sync per step)."""
+  """Sums metrics on the device between reports; checks each step for non-finite values one step late."""
 
   def __init__(self, s: Setup, writer, first_step: int):
     self.s, self.writer = s, writer
-    self.sums, self.tokens, self.pending = None, 0, None
+    self.sums, self.tokens, self.pending = self._zeros(), 0, None
     self.time, self.step = time.perf_counter(), first_step
-    self.start_time, self.start_step = self.time, first_step
 
-  def update(self, step: int, metrics, batch: dict[str, np.ndarray]) -> None:
-    """Records step `step`'s metrics, then checks the previous step's for non-finite values."""
-    previous, self.pending = self.pending, (step, metrics)
-    keys = ('loss_sum', 'nll_sum', 'correct_sum', 'token_count')
-    sums = {k: metrics[k] for k in keys}
-    self.sums = sums if self.sums is None else jax.tree.map(jnp.add, self.sums, sums)
+  @staticmethod
+  def _zeros() -> dict[str, Array]:
+    return {key: jnp.zeros((), jnp.float32) for key in (*_SUM_KEYS, 'skipped_steps')}
+
+  def update(self, step: int, metrics: dict[str, Array], batch: dict[str, np.ndarray]) -> None:
+    """Records step `step`'s metrics, then checks the previous step's (by now computed: no pipeline stall)."""
+    self.check_pending()
+    self.pending = (step, metrics)
+    self.sums = _accumulate(self.sums, metrics)
     self.tokens += sum(int(np.count_nonzero(batch[k])) for k in ('source_tokens', 'target_tokens'))
-    if previous is not None:
-      self.check_finite(*previous)
 
-  def check_finite(self, step: int, metrics) -> None:
+  def check_pending(self) -> None:
+    """Checks the last recorded step; raises FloatingPointError or warns (train.on_nonfinite) if it was skipped."""
+    if self.pending is None:
+      return
+    (step, metrics), self.pending = self.pending, None
     if float(metrics['nonfinite']) == 0.0:
       return
     latest = self.s.checkpoints.latest_step()
-    message = (f'non-finite loss or gradient at step {step}; that update was not applied. Resume from '
-               f'checkpoint step {latest} in {self.s.checkpoints.directory}' if latest is not None
-               else f'non-finite loss or gradient at step {step}; no checkpoint written yet')
-    if self.s.config.train.on_nonfinite == 'stop':
-      raise FloatingPointError(message + ' (or set train.on_nonfinite=skip).')
-    logging.warning('%s; skipped.', message)
+    message = f'Non-finite loss or gradient at step {step}; its update was not applied'
+    if self.s.config.train.on_nonfinite == 'skip':
+      logging.warning('%s (train.on_nonfinite=skip).', message)
+      return
+    resume = (f'resume from checkpoint step {latest} in {self.s.checkpoints.directory}' if latest is not None
+              else f'no checkpoint has been written to {self.s.checkpoints.directory} yet')
+    raise FloatingPointError(f'{message}. Stopped: {resume} (e.g. with a lower train.learning_rate_scale), '
+                             'or set train.on_nonfinite=skip.')
 
   def report(self, step: int) -> None:
+    self.check_pending()
     now = time.perf_counter()
-    summary = evaluate_lib.summarize_metrics(jax.device_get(self.sums))
+    sums = jax.device_get(self.sums)
+    summary = evaluate_lib.summarize_metrics(sums)
     steps_per_sec = (step - self.step) / (now - self.time)
     remaining = (self.s.config.train.num_train_steps - step) / max(steps_per_sec, 1e-9)
     summary |= {'learning_rate': float(self.s.schedule(step - 1)), 'steps_per_sec': steps_per_sec,
-                'tokens_per_sec': self.tokens / (now - self.time)}
+                'tokens_per_sec': self.tokens / (now - self.time), 'skipped_steps': float(sums['skipped_steps'])}
     logging.info('step %d/%d | loss %.4f | nll %.4f | acc %.3f | lr %.3g | %.2f steps/s | %.0f tokens/s | '
                  '%s left', step, self.s.config.train.num_train_steps, summary['loss'], summary['nll'],
                  summary['accuracy'], summary['learning_rate'], steps_per_sec, summary['tokens_per_sec'],
                  datetime.timedelta(seconds=int(remaining)))
     write_scalars(self.writer, step, summary, prefix='train')
-    self.sums, self.tokens, self.time, self.step = None, 0, now, step
+    self.sums, self.tokens, self.time, self.step = self._zeros(), 0, now, step
 
 
 def write_scalars(writer, step: int, scalars: dict[str, float], prefix: str) -> None:
@@ -339,50 +193,160 @@ def write_scalars(writer, step: int, scalars: dict[str, float], prefix: str) -> 
     writer.flush()
 
 
+class _StopRequest:
+  """Turns SIGTERM and SIGINT into a request to save and stop, which the loop reads once per step.
+
+  A single-process run installs the handlers for the duration of the loop and restores the previous ones
+  after. On multi-host runs JAX's preemption service owns SIGTERM and the processes agree on the step to
+  stop at through `multihost_utils.reached_preemption_sync_point` (not tested here: one host only).
+  """
+  _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.reason: str | None = None
+    self._previous = {}
+
+  def __enter__(self) -> '_StopRequest':
+    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+      self._previous = {sig: signal.signal(sig, self._handle) for sig in self._SIGNALS}
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+  def _handle(self, signum: int, frame) -> None:
+    del frame
+    if self.reason is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt  # A second Ctrl-C: stop now, without a checkpoint.
+    self.reason = signal.Signals(signum).name
+    logging.warning('Received %s: saving a checkpoint after the current step, then stopping.', self.reason)
+
+  def requested(self, step: int) -> bool:
+    if self.reason is None and jax.process_count() > 1 and multihost_utils.reached_preemption_sync_point(step):
+      self.reason = 'a preemption notice'
+    return self.reason is not None
+
+
+class _Data(NamedTuple):
+  """The splits a training run reads, all loaded before the first step (so that bad files fail early)."""
+  train_iter: input_pipeline.TrainIterator
+  eval_batches: list[dict[str, np.ndarray]]
+  test: tuple | None  # encode_split of the test split when train.translate_at_end, else None.
+
+
+def _load_data(s: Setup) -> _Data:
+  data_cfg = s.config.data
+  train_source, train_target = input_pipeline.load_split(data_cfg, data_cfg.train_split)
+  train_iter = input_pipeline.TrainIterator.from_config(
+      data_cfg, input_pipeline.encode(s.tokenizer, train_source), input_pipeline.encode(s.tokenizer, train_target),
+      batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
+  del train_source, train_target
+  _, _, eval_source_ids, eval_target_ids = encode_split(s, data_cfg.eval_split)
+  test = encode_split(s, data_cfg.test_split) if s.config.train.translate_at_end else None
+  return _Data(train_iter, make_eval_batches(s, eval_source_ids, eval_target_ids), test)
+
+
+def _restore_or_init(s: Setup, data: _Data) -> tuple[TrainState, Any]:
+  """The newest readable checkpoint's state (and iterator position), else a new state; and its shardings."""
+  abstract = s.abstract_state()
+  state_sharding = jax.tree.map(lambda x: x.sharding, abstract)
+  newest = s.checkpoints.latest_step()
+  restored = s.checkpoints.restore_latest(abstract)
+  if restored is None:
+    state, _ = sharded_train_state(jax.random.key(s.config.train.seed), s.model, s.tx,
+                                   s.device_batch(data.eval_batches[0]), s.mesh, s.rules)
+    return state, state_sharding
+  if restored.step != newest:
+    _set_aside_unusable(s, restored.step)
+  data.train_iter.set_state(restored.data_state)
+  logging.info('Resumed from checkpoint step %d in %s.', restored.step, s.checkpoints.directory)
+  return restored.state, state_sharding
+
+
+def _set_aside_unusable(s: Setup, restored_step: int) -> None:
+  """Moves checkpoints newer than `restored_step` (unreadable: see restore_latest) to unusable_checkpoints/.
+
+  They are moved rather than deleted because a read error may be transient, and their files tell what went
+  wrong; the resumed run writes those steps again (orbax never overwrites a step).
+
+  Raises:
+    RuntimeError: if a newer step is still listed afterwards.
+  """
+  unusable = [step for step in s.checkpoints.all_steps() if step > restored_step]
+  s.checkpoints.close()
+  if jax.process_index() == 0:
+    target_dir = epath.Path(s.workdir) / 'unusable_checkpoints'
+    target_dir.mkdir(parents=True, exist_ok=True)
+    for step in unusable:
+      target = target_dir / f'{step}.{time.strftime("%Y%m%d-%H%M%S")}'
+      (epath.Path(s.checkpoints.directory) / str(step)).rename(target)
+      logging.warning('Moved unusable checkpoint step %d to %s; resuming from step %d.', step, target,
+                      restored_step)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('unusable checkpoints moved')
+  s.checkpoints = open_checkpoints(s.config, s.workdir, s.model.cfg)
+  left = [step for step in s.checkpoints.all_steps() if step > restored_step]
+  if left:
+    raise RuntimeError(f'Unusable checkpoint steps {left} are still in {s.checkpoints.directory}; move them away '
+                       'and rerun.')
+
+
+def _train_loop(s: Setup, state: TrainState, train_fn, eval_fn, data: _Data, writer,
+                stop: _StopRequest) -> tuple[TrainState, int | None]:
+  """Steps state.step + 1 .. train.num_train_steps; returns (state, the step it stopped at on request or None)."""
+  cfg = s.config.train
+  progress = _Progress(s, writer, int(state.step))
+  for step in range(int(state.step) + 1, cfg.num_train_steps + 1):
+    batch = next(data.train_iter)
+    state, metrics = train_fn(state, s.device_batch(batch))
+    progress.update(step, metrics, batch)
+    last, stopping = step == cfg.num_train_steps, stop.requested(step)
+    if last or stopping or step % cfg.checkpoint_every_steps == 0:
+      progress.check_pending()  # With on_nonfinite='stop', a skipped step's state is never saved.
+    if last or step % cfg.log_every_steps == 0:
+      progress.report(step)
+    if last or step % cfg.eval_every_steps == 0:
+      write_scalars(writer, step, _validate(eval_fn, state.params, data.eval_batches, step), 'eval')
+    s.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
+    if stopping:
+      return state, step
+  return state, None
+
+
 def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   """Trains (resuming from the latest checkpoint in workdir), evaluates periodically, then translates.
 
   Returns:
-    The final metrics: validation loss/nll/perplexity/accuracy, and `bleu` when train.translate_at_end.
-  """
-  s = setup(config, workdir)
-  train_source, train_target = input_pipeline.load_split(config.data, config.data.train_split)
-  train_iter = input_pipeline.TrainIterator.from_config(
-      config.data, input_pipeline.encode(s.tokenizer, train_source), input_pipeline.encode(s.tokenizer, train_target),
-      batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
-  del train_source, train_target
-  _, _, eval_source_ids, eval_target_ids = encode_split(s, config.data.eval_split)
-  eval_batches = make_eval_batches(s, eval_source_ids, eval_target_ids)
+    The final metrics: validation loss/nll/perplexity/accuracy, and `bleu` when train.translate_at_end; or
+    {'stopped_at_step': step} when a signal stopped training (after saving checkpoint `step`).
 
-  state, state_sharding = sharded_train_state(
-      jax.random.key(config.train.seed), s.model, s.tx, s.device_batch(next(iter(eval_batches))), s.mesh, s.rules)
-  restored = s.checkpoints.restore_latest(jax.tree.map(
-      lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), state, state_sharding))
-  if restored is not None:
-    state = restored.state
-    train_iter.set_state(restored.data_state)
-    logging.info('Resumed from checkpoint step %d in %s.', restored.step, s.checkpoints.directory)
-  train_fn, eval_fn = _jit_steps(s, state_sharding)
-  writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
-  first_step = int(state.step)
-  progress = _Progress(s, writer, first_step)
-  with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
-    for step in range(first_step + 1, config.train.num_train_steps + 1):
-      batch = next(train_iter)
-      state, metrics = train_fn(state, s.device_batch(batch))
-      progress.update(step, metrics, batch)
-      if step % config.train.log_every_steps == 0 or step == config.train.num_train_steps:
-        progress.check_finite(*progress.pending)
-        progress.report(step)
-      if step % config.train.eval_every_steps == 0 or step == config.train.num_train_steps:
-        write_scalars(writer, step, _validate(eval_fn, state.params, eval_batches, step), 'eval')
-      s.checkpoints.save(step, state, train_iter.get_state(), force=step == config.train.num_train_steps)
-  s.checkpoints.wait_until_finished()
-  results = final_evaluation(s, eval_fn, eval_batches, writer)
-  if writer is not None:
-    writer.close()
-  s.checkpoints.close()
-  return results
+  Raises:
+    FloatingPointError: for a non-finite loss or gradient with train.on_nonfinite='stop'.
+    ValueError, FileNotFoundError, OSError: from the start-up checks (`experiment.setup`).
+  """
+  data_cfg = config.data
+  splits = (data_cfg.train_split, data_cfg.eval_split) + ((data_cfg.test_split,) if config.train.translate_at_end
+                                                          else ())
+  s = setup(config, workdir, data_splits=splits)
+  writer = None
+  try:
+    data = _load_data(s)
+    state, state_sharding = _restore_or_init(s, data)
+    train_fn, eval_fn = _jit_steps(s, state_sharding)
+    writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
+    with _StopRequest() as stop, jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
+      state, stopped_at = _train_loop(s, state, train_fn, eval_fn, data, writer, stop)
+    s.checkpoints.wait_until_finished()
+    if stopped_at is not None:
+      logging.warning('Stopped by %s after step %d: saved checkpoint step %d in %s. Run the same command to '
+                      'resume.', stop.reason, stopped_at, s.checkpoints.latest_step(), s.checkpoints.directory)
+      return {'stopped_at_step': stopped_at}
+    return final_evaluation(s, eval_fn, data.eval_batches, writer, test_split=data.test)
+  finally:
+    if writer is not None:
+      writer.close()
+    s.checkpoints.close()
 
 
 def _validate(eval_fn, params, eval_batches, step: int) -> dict[str, float]:
@@ -406,22 +370,29 @@ def load_params(s: Setup):
   return checkpoints_lib.average_checkpoints(s.checkpoints, steps, s.abstract_state().params), steps
 
 
-def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None) -> dict[str, float]:
-  """Validation metrics and test BLEU of the averaged checkpoints; hypotheses written to the workdir."""
+def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=None) -> dict[str, float]:
+  """Validation metrics and test BLEU of the averaged checkpoints; hypotheses written to the workdir.
+
+  Args:
+    s: the Setup.
+    eval_fn: the jitted eval step.
+    eval_batches: the validation split's batches.
+    writer: a tensorboardX writer, or None.
+    test_split: `encode_split` of the test split, if already loaded; read when None.
+  """
   params, steps = load_params(s)
   with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
     results = _validate(eval_fn, params, eval_batches, steps[-1])
     write_scalars(writer, steps[-1], results, 'eval_averaged')
     if not s.config.train.translate_at_end:
       return results
-    sources, references, source_ids, target_ids = encode_split(s, s.config.data.test_split)
+    sources, references, source_ids, target_ids = test_split or encode_split(s, s.config.data.test_split)
     start = time.perf_counter()
     hypotheses = translate_ids(s, params, source_ids, target_ids)
   seconds = time.perf_counter() - start
-  path = os.path.join(s.workdir, f'{s.config.data.test_split}.hyp.{s.config.data.target_lang}')
+  path = epath.Path(s.workdir) / f'{s.config.data.test_split}.hyp.{s.config.data.target_lang}'
   if jax.process_index() == 0:
-    with open(path, 'w', encoding='utf-8') as f:
-      f.write(''.join(h + '\n' for h in hypotheses))
+    path.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
   score, signature = bleu.sacrebleu_score(hypotheses, references)
   tokenized = bleu.tokenized_bleu(hypotheses, references, s.config.data.target_lang)
   results |= {'bleu': score, 'tokenized_bleu': tokenized, 'decode_sentences_per_sec': len(sources) / seconds}
@@ -446,29 +417,36 @@ def translate_ids(s: Setup, params, source_ids, target_ids=None) -> list[str]:
 
 def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
   """--mode=evaluate: validation metrics and test BLEU of the latest (averaged) checkpoints."""
-  s = setup(config, workdir)
-  _, _, eval_source_ids, eval_target_ids = encode_split(s, config.data.eval_split)
-  abstract = s.abstract_state()
-  state_sharding = jax.tree.map(lambda x: x.sharding, abstract)
-  _, eval_fn = _jit_steps(s, state_sharding)
-  return final_evaluation(s, eval_fn, make_eval_batches(s, eval_source_ids, eval_target_ids))
+  data_cfg = config.data
+  s = setup(config, workdir, data_splits=(data_cfg.eval_split,) + ((data_cfg.test_split,)
+                                                                   if config.train.translate_at_end else ()))
+  try:
+    _, _, eval_source_ids, eval_target_ids = encode_split(s, data_cfg.eval_split)
+    state_sharding = jax.tree.map(lambda x: x.sharding, s.abstract_state())
+    _, eval_fn = _jit_steps(s, state_sharding)
+    return final_evaluation(s, eval_fn, make_eval_batches(s, eval_source_ids, eval_target_ids))
+  finally:
+    s.checkpoints.close()
 
 
 def translate_file(config, workdir: str, input_path: str | None, output_path: str | None) -> None:
   """--mode=translate: one output line per input line (a blank line stays blank), stdin/stdout by default."""
   s = setup(config, workdir)
-  if input_path:
-    with open(input_path, encoding='utf-8') as f:
-      lines = f.read().splitlines()
-  else:
-    lines = sys.stdin.read().splitlines()
-  params, _ = load_params(s)
+  try:
+    # Lines end at '\n' only: str.splitlines would also split at Unicode separators inside a sentence.
+    if input_path:
+      lines = multi30k.read_lines(input_path)
+    else:
+      lines = sys.stdin.read().split('\n')
+      lines = [line.removesuffix('\r') for line in (lines[:-1] if lines[-1] == '' else lines)]
+    params, _ = load_params(s)
+  finally:
+    s.checkpoints.close()
   with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
     hypotheses = translate_ids(s, params, input_pipeline.encode(s.tokenizer, lines))
   hypotheses = [h if line.strip() else '' for line, h in zip(lines, hypotheses)]
   text = ''.join(h + '\n' for h in hypotheses)
   if output_path:
-    with open(output_path, 'w', encoding='utf-8') as f:
-      f.write(text)
+    epath.Path(output_path).write_text(text, encoding='utf-8')
   else:
     sys.stdout.write(text)

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Create, run on and delete a Cloud TPU VM (single host or a multi-host pod slice).
+#
+#   TPU_NAME=mt-base ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 launch/tpu_vm.sh create
+#   TPU_NAME=mt-base ZONE=us-central2-b launch/tpu_vm.sh run \
+#       --config=configs/base.py --workdir=gs://BUCKET/runs/base
+#   TPU_NAME=mt-base ZONE=us-central2-b launch/tpu_vm.sh delete
+#
+# create: makes the VM, copies this repository to every worker and installs it with jax[tpu].
+# run:    runs `python3 -m transformer_jax.main --multihost ARGS...` on all workers at once (--worker=all),
+#         the same command everywhere; jax.distributed finds the other workers through the TPU metadata.
+#         On a slice of several hosts the workdir must be shared storage (gs://...): every process writes its
+#         checkpoint shards there and reads the vocabulary that process 0 trains.
+# delete: deletes the VM.
+#
+# Environment: TPU_NAME (required), ZONE (required), ACCELERATOR_TYPE (create; default v4-8),
+# RUNTIME_VERSION (create; default tpu-ubuntu2204-base), PROJECT (optional, else gcloud's default),
+# SPOT=1 (create a preemptible Spot VM), REMOTE_DIR (default transformer_jax), DRY_RUN=1 (print the
+# gcloud commands instead of running them).
+# Hyperparameters live in configs/; this script only passes arguments through.
+set -euo pipefail
+
+usage() {
+  echo "usage: TPU_NAME=... ZONE=... $0 {create|run|delete} [transformer_jax.main flags for run]" >&2
+  exit 2
+}
+
+[[ $# -ge 1 ]] || usage
+action=$1
+shift
+: "${TPU_NAME:?set TPU_NAME}"
+: "${ZONE:?set ZONE}"
+ACCELERATOR_TYPE=${ACCELERATOR_TYPE:-v4-8}
+RUNTIME_VERSION=${RUNTIME_VERSION:-tpu-ubuntu2204-base}
+REMOTE_DIR=${REMOTE_DIR:-transformer_jax}
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+common=(--zone="$ZONE")
+if [[ -n "${PROJECT:-}" ]]; then
+  common+=(--project="$PROJECT")
+fi
+
+gcloud_tpu() {
+  if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf '%q ' gcloud compute tpus tpu-vm "$@"
+    echo
+  else
+    gcloud compute tpus tpu-vm "$@"
+  fi
+}
+
+# Runs one shell command on every worker of the slice.
+on_all_workers() {
+  gcloud_tpu ssh "$TPU_NAME" "${common[@]}" --worker=all --command="$1"
+}
+
+case "$action" in
+  create)
+    extra=()
+    if [[ "${SPOT:-0}" == 1 ]]; then
+      extra+=(--spot)
+    fi
+    gcloud_tpu create "$TPU_NAME" "${common[@]}" --accelerator-type="$ACCELERATOR_TYPE" \
+      --version="$RUNTIME_VERSION" "${extra[@]}"
+    archive=$(mktemp --suffix=.tar.gz)
+    trap 'rm -f "$archive"' EXIT
+    git -C "$REPO_ROOT" archive --format=tar.gz --output="$archive" HEAD
+    gcloud_tpu scp "$archive" "$TPU_NAME:transformer_jax.tar.gz" "${common[@]}" --worker=all
+    on_all_workers "mkdir -p $(printf '%q' "$REMOTE_DIR") && tar -xzf transformer_jax.tar.gz -C $(printf '%q' "$REMOTE_DIR") \
+&& cd $(printf '%q' "$REMOTE_DIR") && python3 -m pip install -q -e . 'jax[tpu]'"
+    ;;
+  run)
+    [[ $# -ge 1 ]] || usage
+    printf -v args '%q ' "$@"
+    on_all_workers "cd $(printf '%q' "$REMOTE_DIR") && python3 -m transformer_jax.main --multihost ${args}"
+    ;;
+  delete)
+    gcloud_tpu delete "$TPU_NAME" "${common[@]}" --quiet
+    ;;
+  *)
+    usage
+    ;;
+esac

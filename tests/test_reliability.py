@@ -1,0 +1,355 @@
+"""What a training run does when things go wrong: signals, kill -9, damaged checkpoints, NaN, bad configs and inputs.
+
+Every test runs configs/tiny.py on the synthetic corpus of test_train.py, checks what the workdir holds
+afterwards and, where a run is resumed, that its batches and metrics equal those of an uninterrupted run.
+"""
+import logging
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from absl import flags
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax import train
+
+from test_train import assert_same_batches  # pylint: disable=g-bad-import-order
+from test_train import checkpoint_steps
+from test_train import compared
+from test_train import compilation_cache_dir  # pylint: disable=unused-import  (fixture)
+from test_train import config_flags
+from test_train import corpus  # pylint: disable=unused-import  (fixture)
+from test_train import main_command
+from test_train import NUM_STEPS
+from test_train import persistent_compilation_cache  # pylint: disable=unused-import  (fixture)
+from test_train import read_events
+from test_train import record_batches
+from test_train import reference_run  # pylint: disable=unused-import  (fixture)
+from test_train import REPO_ROOT
+from test_train import SPLITS
+from test_train import subprocess_env
+from test_train import synthetic_pairs
+from test_train import text_config
+from test_train import VOCAB_SIZE
+from test_train import write_corpus
+from test_train import write_lines
+
+pytestmark = [
+    # When a restore fails, tensorstore callbacks can reach orbax's already-closed asyncio loop.
+    pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning'),
+    pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarning'),  # ml_collections loading a config.
+]
+
+
+def messages(caplog, level=logging.INFO) -> str:
+  return '\n'.join(r.getMessage() for r in caplog.records if r.levelno >= level)
+
+
+def snapshot(folder: pathlib.Path) -> dict[str, tuple[int, int]]:
+  """{relative path: (size, mtime)} of every file under folder."""
+  return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def restored_params_are_finite(config, workdir) -> bool:
+  """Loads (and averages) the workdir's last checkpoints as evaluation does; True if every parameter is finite."""
+  s = train.setup(config, str(workdir))
+  try:
+    params, _ = train.load_params(s)
+  finally:
+    s.checkpoints.close()
+  return all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(params))
+
+
+def assert_resumes_like_reference(monkeypatch, caplog, config, workdir, reference, resumed_from: int | None):
+  """Reruns training in workdir; checks the resume point, the batches, every logged metric and the results."""
+  batches = record_batches(monkeypatch)
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    results = train.train_and_evaluate(config, str(workdir))
+  if resumed_from is not None:
+    assert f'Resumed from checkpoint step {resumed_from} in' in messages(caplog)
+  start = resumed_from or 0
+  assert_same_batches(batches, reference.batches[start:])
+  assert compared(read_events(workdir)) == compared(reference.events)
+  assert results == reference.results
+  assert checkpoint_steps(workdir) == [NUM_STEPS - 2, NUM_STEPS]
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT], ids=['SIGTERM', 'SIGINT'])
+def test_signal_saves_a_checkpoint_and_stops_then_rerun_resumes(monkeypatch, tmp_path, corpus, reference_run,
+                                                               caplog, signum):
+  def signal_during_step_3(index, batch):
+    if index == 3:
+      os.kill(os.getpid(), signum)  # The handler runs now, in this (the main) thread.
+    return batch
+
+  handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+  config = text_config(corpus)
+  record_batches(monkeypatch, signal_during_step_3)
+  with caplog.at_level(logging.INFO):
+    results = train.train_and_evaluate(config, str(tmp_path))
+  name = signal.Signals(signum).name
+  assert results == {'stopped_at_step': 3}
+  assert checkpoint_steps(tmp_path) == [2, 3]
+  assert f'Stopped by {name} after step 3: saved checkpoint step 3 in {tmp_path}' in messages(caplog)
+  assert {sig: signal.getsignal(sig) for sig in handlers} == handlers  # Restored after training.
+  events = read_events(tmp_path)
+  assert sorted(events['train/loss']) == [1, 2, 3] and 'eval_averaged/loss' not in events
+
+  assert_resumes_like_reference(monkeypatch, caplog, config, tmp_path, reference_run, resumed_from=3)
+
+
+def wait_for(predicate, process, timeout_secs=600.0, poll_secs=0.005):
+  deadline = time.monotonic() + timeout_secs
+  while not predicate():
+    if process.poll() is not None:
+      return False
+    if time.monotonic() > deadline:
+      process.kill()
+      pytest.fail(f'timed out after {timeout_secs} s')
+    time.sleep(poll_secs)
+  return True
+
+
+def test_sigterm_to_main_saves_and_exits_0(monkeypatch, tmp_path, corpus, reference_run, compilation_cache_dir,
+                                          caplog):
+  workdir, log = tmp_path / 'run', tmp_path / 'stderr.txt'
+  # Training would last 1000 steps, with the first checkpoint at step 1000; SIGTERM comes at step 3 or soon after.
+  flags_ = config_flags(corpus, num_train_steps=1000, checkpoint_every_steps=1000)
+  with open(log, 'w') as stderr:
+    process = subprocess.Popen(main_command(workdir, flags_), cwd=REPO_ROOT, env=subprocess_env(
+        compilation_cache_dir), stdout=subprocess.DEVNULL, stderr=stderr)
+    running = wait_for(lambda: 'step 3/1000' in log.read_text(errors='replace'), process)
+    assert running, log.read_text()[-5000:]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=600) == 0, log.read_text()[-5000:]
+  text = log.read_text()
+  stopped = re.search(r'Stopped by SIGTERM after step (\d+): saved checkpoint step (\d+) in', text)
+  assert stopped and stopped[1] == stopped[2], text[-5000:]
+  step = int(stopped[1])
+  assert checkpoint_steps(workdir) == [step]
+  assert sorted(read_events(workdir)['train/loss']) == list(range(1, step + 1))
+  if step < NUM_STEPS:  # The usual case; the reference run then covers the resumed steps too.
+    assert_resumes_like_reference(monkeypatch, caplog, text_config(corpus), workdir, reference_run,
+                                  resumed_from=step)
+
+
+def test_kill_9_during_the_first_save_then_rerun_matches_uninterrupted(monkeypatch, tmp_path, corpus,
+                                                                        reference_run, compilation_cache_dir,
+                                                                        caplog):
+  workdir, log = tmp_path / 'run', tmp_path / 'stderr.txt'
+  checkpoints = workdir / 'checkpoints'
+  with open(log, 'w') as stderr:
+    process = subprocess.Popen(main_command(workdir, config_flags(corpus)), cwd=REPO_ROOT,
+                               env=subprocess_env(compilation_cache_dir), stdout=subprocess.DEVNULL, stderr=stderr)
+    # The nastiest moment: as soon as orbax starts writing step 2 (into a temporary folder), kill -9.
+    started = wait_for(lambda: checkpoints.is_dir() and any(checkpoints.iterdir()), process)
+    process.kill()
+    process.wait(timeout=60)
+  assert started and process.returncode == -signal.SIGKILL, log.read_text()[-5000:]
+  complete = checkpoint_steps(workdir)
+  assert complete in ([], [2]), complete  # Either the save was cut short, or it committed in time.
+  assert_resumes_like_reference(monkeypatch, caplog, text_config(corpus), workdir, reference_run,
+                                resumed_from=complete[-1] if complete else None)
+  assert sorted(p.name for p in checkpoints.iterdir()) == [str(NUM_STEPS - 2), str(NUM_STEPS)]  # No leftovers.
+
+
+def test_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_restored(monkeypatch, tmp_path, corpus,
+                                                                           reference_run, caplog):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)  # Checkpoints 4 and 6.
+  data_files = [p for p in (workdir / 'checkpoints' / '6' / 'state' / 'd').iterdir() if p.is_file()]
+  assert data_files
+  for path in data_files:  # Truncated, as by a crash of the file system after orbax committed the step.
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+  assert_resumes_like_reference(monkeypatch, caplog, text_config(corpus), workdir, reference_run, resumed_from=4)
+  warnings = messages(caplog, logging.WARNING)
+  assert re.search(r'Checkpoint step 6 in \S+ is unusable', warnings), warnings
+  assert re.search(r'Moved unusable checkpoint step 6 to \S+/unusable_checkpoints/6\.\d{8}-\d{6}; resuming from '
+                   r'step 4', warnings), warnings
+  set_aside = list((workdir / 'unusable_checkpoints').iterdir())
+  assert len(set_aside) == 1 and (set_aside[0] / 'state').is_dir()
+
+
+def corrupt_batch_at(step: int):
+  """An on_batch hook: token ids outside the vocabulary at `step`, which the embedding turns into NaN."""
+  def corrupt(index, batch):
+    if index == step:
+      batch = dict(batch, source_tokens=np.where(batch['source_tokens'] > 0, VOCAB_SIZE + 7, 0).astype(np.int32))
+    return batch
+  return corrupt
+
+
+@pytest.mark.parametrize('bad_step', [3, 4])  # 4 is a checkpoint step: the error must come before that save.
+def test_nonfinite_loss_stops_naming_the_step_and_the_checkpoint(monkeypatch, tmp_path, corpus, bad_step):
+  config = text_config(corpus)
+  record_batches(monkeypatch, corrupt_batch_at(bad_step))
+  with pytest.raises(FloatingPointError) as error:
+    train.train_and_evaluate(config, str(tmp_path))
+  assert re.search(rf'Non-finite loss or gradient at step {bad_step}; its update was not applied\. Stopped: '
+                   rf'resume from checkpoint step 2 in {tmp_path}/checkpoints', str(error.value)), error.value
+  assert checkpoint_steps(tmp_path) == [2]
+  assert sorted(read_events(tmp_path)['train/loss']) == list(range(1, bad_step))
+  assert restored_params_are_finite(config, tmp_path)
+
+
+def test_nonfinite_loss_is_skipped_with_on_nonfinite_skip(monkeypatch, tmp_path, corpus, reference_run, caplog):
+  config = text_config(corpus, on_nonfinite='skip')
+  batches = record_batches(monkeypatch, corrupt_batch_at(3))
+  with caplog.at_level(logging.INFO):
+    results = train.train_and_evaluate(config, str(tmp_path))
+  assert 'Non-finite loss or gradient at step 3; its update was not applied (train.on_nonfinite=skip).' in (
+      messages(caplog, logging.WARNING))
+  assert len(batches) == NUM_STEPS and np.all(np.isfinite(list(results.values())))
+  events = read_events(tmp_path)
+  assert events['train/skipped_steps'] == {1: 0.0, 2: 0.0, 3: 1.0, 4: 0.0, 5: 0.0, 6: 0.0}
+  assert events['train/loss'][2] == reference_run.events['train/loss'][2]
+  assert events['train/loss'][4] != reference_run.events['train/loss'][4]  # Step 3's update was not applied.
+  assert checkpoint_steps(tmp_path) == [4, 6]
+  assert restored_params_are_finite(config, tmp_path)
+
+
+@pytest.mark.parametrize(('section', 'key', 'value', 'match'), [
+    ('model', 'dropout_rate', 1.5, r'model\.dropout_rate must be in \[0, 1\), got 1\.5'),
+    ('train', 'warmup_steps', 0, r'train\.warmup_steps must be a positive integer, got 0'),
+    ('decode', 'beam_size', 0, r'decode\.beam_size must be an integer >= 1, got 0'),
+    ('model', 'position_embedding', 'rotary',
+     r"model\.position_embedding must be one of \('sinusoidal', 'learned', 'none'\), got 'rotary'"),
+    ('mesh', 'data', 3, r'mesh.*\b3\b.*\b8\b'),  # 3 devices asked for, 8 present.
+    ('mesh', 'fsdp', -1, r'at most one of mesh\.data, mesh\.fsdp, mesh\.tensor may be -1'),
+    ('train', 'on_nonfinite', 'ignore', r"train\.on_nonfinite must be one of \('stop', 'skip'\), got 'ignore'"),
+    ('train', 'learning_rate_scale', float('inf'), r'train\.learning_rate_scale must be a finite number > 0, got inf'),
+    ('data', 'vocab_size', 0, r'data\.vocab_size must be a positive integer, got 0'),
+    ('eval', 'average_last_n', 3, r'eval\.average_last_n must be in \[1, train\.max_checkpoints_to_keep=2\], got 3'),
+])
+def test_bad_config_value_fails_before_anything_is_written(tmp_path, corpus, section, key, value, match):
+  config = text_config(corpus)
+  config[section][key] = value
+  workdir = tmp_path / 'run'
+  with pytest.raises(ValueError, match=match):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize(('section', 'key', 'value', 'stored'), [
+    ('model', 'd_model', 64, 'model.d_model=32'),
+    ('data', 'vocab_size', 512, f'data.vocab_size={VOCAB_SIZE}'),
+])
+def test_incompatible_workdir_fails_before_anything_is_written(tmp_path, corpus, reference_run, section, key,
+                                                               value, stored):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  before = snapshot(workdir)
+  config = text_config(corpus)
+  config[section][key] = value
+  with pytest.raises(ValueError, match=rf'holds a run with {re.escape(stored)}; this config has '
+                                       rf'{section}\.{key}={value}'):
+    train.train_and_evaluate(config, str(workdir))
+  assert snapshot(workdir) == before  # In particular, no spm_512.model.
+
+
+def test_workdir_below_a_regular_file_fails_before_training(tmp_path, corpus):
+  (tmp_path / 'file').write_text('not a folder')
+  with pytest.raises(OSError, match=rf'--workdir={tmp_path}/file/run is not writable'):
+    train.train_and_evaluate(text_config(corpus), str(tmp_path / 'file' / 'run'))
+  assert (tmp_path / 'file').read_text() == 'not a folder'
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason='root writes into a read-only (0o500) folder all the same')
+def test_read_only_workdir_fails_before_training(tmp_path, corpus):
+  workdir = tmp_path / 'run'
+  workdir.mkdir(mode=0o500)
+  with pytest.raises(OSError, match=rf'--workdir={workdir} is not writable'):
+    train.train_and_evaluate(text_config(corpus), str(workdir))
+  assert not any(workdir.iterdir())
+
+
+def run_main(monkeypatch, workdir, flags_: list[str]) -> None:
+  """Runs `python -m transformer_jax.main` in this process (absl flags parsed from argv as the real one)."""
+  from transformer_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  # --verbosity=0 logs INFO, as app.run makes it; parsing flags sets the level of the 'absl' logger.
+  argv = ['transformer_jax.main', f'--workdir={workdir}', '--verbosity=0', *flags_]
+  monkeypatch.setattr(sys, 'argv', argv)  # config_flags reads the overrides from sys.argv.
+  absl_logger = logging.getLogger('absl')
+  level = absl_logger.level
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(argv)
+  try:
+    main_lib.main(argv[:1])
+  finally:
+    flags.FLAGS.unparse_flags()
+    for name in [name for name in flags.FLAGS if name.startswith('config.')]:
+      delattr(flags.FLAGS, name)  # The --config.* overrides, which each parse defines anew.
+    absl_logger.setLevel(level)
+
+
+def nothing_trained(workdir: pathlib.Path) -> bool:
+  return not checkpoint_steps(workdir) and not list(workdir.glob('events.out.tfevents.*'))
+
+
+def test_missing_input_file_fails_before_anything_is_written(monkeypatch, tmp_path, corpus):
+  missing = str(tmp_path / 'nowhere.de')
+  files = dict(corpus, test_files=corpus['test_files'].split(',')[0] + ',' + missing)
+  with pytest.raises(FileNotFoundError, match=rf'data\.test_files: {re.escape(missing)} does not exist'):
+    run_main(monkeypatch, tmp_path / 'run', config_flags(files, translate_at_end=True))
+  assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('split', ['train', 'val', 'test'])
+def test_unequal_line_counts_fail_before_training(monkeypatch, tmp_path, split):
+  folder = tmp_path / 'corpus'
+  files = write_corpus(folder)
+  source = folder / f'{split}.en'
+  source.write_text(source.read_text() + 'one line too many\n')
+  with pytest.raises(ValueError, match=rf'same number of lines: {re.escape(str(source))} has '
+                                       rf'{SPLITS[split] + 1}, {folder}/{split}\.de has {SPLITS[split]}'):
+    run_main(monkeypatch, tmp_path / 'run', config_flags(files, translate_at_end=True))
+  assert nothing_trained(tmp_path / 'run')
+
+
+@pytest.mark.parametrize('split', ['train', 'val', 'test'])
+def test_invalid_utf8_names_file_and_line_before_training(monkeypatch, tmp_path, split):
+  folder = tmp_path / 'corpus'
+  files = write_corpus(folder)
+  target = folder / f'{split}.de'
+  lines = target.read_bytes().split(b'\n')
+  lines[4] = b'ein \xff\xfe hund'
+  target.write_bytes(b'\n'.join(lines))
+  with pytest.raises(ValueError, match=rf'{re.escape(str(target))}: line 5 is not valid UTF-8'):
+    run_main(monkeypatch, tmp_path / 'run', config_flags(files, translate_at_end=True))
+  assert nothing_trained(tmp_path / 'run')
+  assert split != 'train' or not (tmp_path / 'run' / f'spm_{VOCAB_SIZE}.model').exists()
+
+
+def test_empty_and_long_lines_through_main(monkeypatch, tmp_path, caplog, capsys):
+  folder = tmp_path / 'corpus'
+  files = write_corpus(folder)
+  long_pair = synthetic_pairs(1, seed=9)[0]
+  long_pair = (' '.join([long_pair[0]] * 8), ' '.join([long_pair[1]] * 8))  # Far over 32 pieces.
+  for split, extra in (('train', [('', 'ein hund'), ('a dog', ''), ('', ''), long_pair]), ('val', [long_pair]),
+                       ('test', [('', '')])):
+    for i, lang in enumerate(('en', 'de')):
+      path = folder / f'{split}.{lang}'
+      lines = path.read_text().splitlines()
+      write_lines(path, lines[:2] + [pair[i] for pair in extra] + lines[2:])  # Inserted as lines 3, 4, ...
+  workdir = tmp_path / 'run'
+  with caplog.at_level(logging.INFO):
+    run_main(monkeypatch, workdir, config_flags(files, num_train_steps=2, translate_at_end=True))
+  logged = messages(caplog)
+  assert (f'Training pairs: {SPLITS["train"]} kept; skipped 3 with an empty side and 1 longer than '
+          'max_length=32.') in logged
+  assert 'Truncated 1 source sentences to max_length=32 tokens (EOS included); lines [3].' in logged
+  assert 'Truncated 1 target sentences to max_length=32 tokens (EOS included); lines [3].' in logged
+  hypotheses = (workdir / 'test.hyp.de').read_text(encoding='utf-8').split('\n')
+  assert len(hypotheses) == SPLITS['test'] + 2 and hypotheses[-1] == ''  # One line per test line, '\n'-ended.
+  assert re.search(r'^bleu: \d+\.\d\d ', capsys.readouterr().out, re.MULTILINE)
+  assert checkpoint_steps(workdir) == [2]

@@ -1,0 +1,327 @@
+"""Tests for transformer_jax.train: the steps learn and are deterministic, main runs end to end, resuming is exact.
+
+End-to-end runs use configs/tiny.py on a synthetic word-for-word "translation" corpus written to a temporary
+folder (dataset='text'), so they need neither the network nor the real corpus; one test trains on the real
+Multi30k corpus through TFDS. They share a persistent XLA compilation cache: the first run compiles the steps,
+the others load them from disk. Helpers and fixtures here are also used by test_reliability.py.
+"""
+import dataclasses
+import functools
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+from absl import logging
+import flax.linen as nn
+import jax
+from jax.experimental.compilation_cache import compilation_cache
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import input_pipeline
+from transformer_jax import model as model_lib
+from transformer_jax import optim
+from transformer_jax import sharding
+from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax import train
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+  sys.path.insert(0, str(REPO_ROOT))  # Configs do `from configs import base`, as when run from the root.
+from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+VOCAB_SIZE = 384  # Byte fallback, specials and the corpus's characters take 286; 384 keeps sentences < 20 pieces.
+NUM_STEPS = 6     # Checkpoints (every 2 steps, 2 kept) end at steps 4 and 6.
+EN = 'a man woman dog cat red big small runs sits on the street grass ball with plays child blue house'.split()
+DE = 'ein mann frau hund katze rot gross klein rennt sitzt auf der strasse gras ball mit spielt kind blau haus'.split()
+SPLITS = {'train': 200, 'val': 16, 'test': 12}  # Pairs per split.
+COMPARED_TAGS = re.compile(r'^(train/(loss|nll|accuracy|perplexity|learning_rate|skipped_steps)|eval.*|test/.*)$')
+
+
+def synthetic_pairs(num_pairs: int, seed: int) -> list[tuple[str, str]]:
+  """Sentences of 3 to 9 words and their word-for-word German translation."""
+  rng = np.random.default_rng(seed)
+  pairs = []
+  for _ in range(num_pairs):
+    words = rng.integers(0, len(EN), size=rng.integers(3, 10))
+    pairs.append((' '.join(EN[w] for w in words), ' '.join(DE[w] for w in words)))
+  return pairs
+
+
+def write_lines(path: pathlib.Path, lines) -> str:
+  path.write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
+  return str(path)
+
+
+def write_corpus(folder: pathlib.Path) -> dict[str, str]:
+  """Writes {split}.en / {split}.de; returns the data.*_files values ('SOURCE,TARGET') by config key."""
+  folder.mkdir(parents=True, exist_ok=True)
+  files = {}
+  for seed, (split, num_pairs) in enumerate(SPLITS.items()):
+    pairs = synthetic_pairs(num_pairs, seed)
+    files[split] = ','.join(write_lines(folder / f'{split}.{lang}', [p[i] for p in pairs])
+                            for i, lang in enumerate(('en', 'de')))
+  return {'train_files': files['train'], 'eval_files': files['val'], 'test_files': files['test']}
+
+
+def text_config(corpus: dict[str, str], **train_overrides):
+  """configs/tiny.py on the synthetic corpus: one batch shape [8, 32], NUM_STEPS steps, no decoding."""
+  config = tiny.get_config()
+  config.data.update(dataset='text', vocab_size=VOCAB_SIZE, max_length=32, bucket_lengths=(32,), **corpus)
+  config.train.update(num_train_steps=NUM_STEPS, translate_at_end=False)
+  config.train.update(**train_overrides)
+  return config
+
+
+def config_flags(corpus: dict[str, str], **train_overrides) -> list[str]:
+  """The same as `text_config`, as command-line flags for main."""
+  values = {'data.dataset': 'text', 'data.vocab_size': VOCAB_SIZE, 'data.max_length': 32,
+            'data.bucket_lengths': '(32,)', 'train.num_train_steps': NUM_STEPS, 'train.translate_at_end': False,
+            **{f'data.{key}': value for key, value in corpus.items()},
+            **{f'train.{key}': value for key, value in train_overrides.items()}}
+  return [f'--config={REPO_ROOT / "configs" / "tiny.py"}'] + [f'--config.{k}={v}' for k, v in values.items()]
+
+
+def read_events(workdir) -> dict[str, dict[int, float]]:
+  """Scalars of every TensorBoard event file in workdir, {tag: {step: value}}; later files win."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  scalars = {}
+  for path in sorted(pathlib.Path(workdir).glob('events.out.tfevents.*'), key=os.path.getmtime):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+  return scalars
+
+
+def compared(events: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+  """The scalars that must repeat exactly across runs (not the timings)."""
+  return {tag: values for tag, values in events.items() if COMPARED_TAGS.match(tag)}
+
+
+def checkpoint_steps(workdir) -> list[int]:
+  folder = pathlib.Path(workdir) / 'checkpoints'
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+
+
+_TRAIN_ITERATOR_NEXT = input_pipeline.TrainIterator.__next__  # Unpatched, whatever a test did before.
+
+
+def record_batches(monkeypatch, on_batch=None) -> list[dict[str, np.ndarray]]:
+  """Makes TrainIterator record the batches it yields; on_batch(index, batch) may raise or alter them."""
+  batches = []
+
+  def recording_next(iterator):
+    batch = _TRAIN_ITERATOR_NEXT(iterator)
+    if on_batch is not None:
+      batch = on_batch(len(batches) + 1, batch)
+    batches.append({k: v.copy() for k, v in batch.items()})
+    return batch
+
+  monkeypatch.setattr(input_pipeline.TrainIterator, '__next__', recording_next)
+  return batches
+
+
+def assert_same_batches(actual, expected):
+  assert len(actual) == len(expected)
+  for a, e in zip(actual, expected):
+    assert a.keys() == e.keys()
+    for key in a:
+      np.testing.assert_array_equal(a[key], e[key], err_msg=key)
+
+
+def subprocess_env(cache_dir) -> dict[str, str]:
+  """The test process's device setup, plus the shared compilation cache, for `python -m transformer_jax.main`."""
+  return {**os.environ, 'JAX_COMPILATION_CACHE_DIR': str(cache_dir),
+          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0', 'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
+          'JAX_NUMPY_RANK_PROMOTION': 'raise'}
+
+
+def main_command(workdir, flags) -> list[str]:
+  return [sys.executable, '-m', 'transformer_jax.main', f'--workdir={workdir}', '--logtostderr', *flags]
+
+
+@dataclasses.dataclass
+class Run:
+  workdir: pathlib.Path
+  results: dict[str, float]
+  batches: list[dict[str, np.ndarray]]
+  events: dict[str, dict[int, float]]
+
+
+# Session fixtures imported by test_reliability.py get a second instance there: fixed paths keep one copy.
+@pytest.fixture(scope='session')
+def compilation_cache_dir(tmp_path_factory) -> pathlib.Path:
+  path = tmp_path_factory.getbasetemp() / 'jax_compilation_cache'
+  path.mkdir(exist_ok=True)
+  return path
+
+
+@pytest.fixture(scope='module', autouse=True)
+def persistent_compilation_cache(compilation_cache_dir):
+  """Compiled steps are stored on disk and reused by the next run of the same shapes (in or out of process)."""
+  names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
+           'jax_persistent_cache_min_entry_size_bytes')
+  previous = {name: getattr(jax.config, name) for name in names}
+  for name, value in zip(names, (str(compilation_cache_dir), 0.0, 0)):
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+  yield
+  for name, value in previous.items():
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope='session')
+def corpus(tmp_path_factory) -> dict[str, str]:
+  return write_corpus(tmp_path_factory.getbasetemp() / 'corpus')  # The same files for every instance.
+
+
+@pytest.fixture(scope='module')
+def reference_run(tmp_path_factory, corpus, persistent_compilation_cache) -> Run:
+  """An uninterrupted run of NUM_STEPS steps, its batches and its TensorBoard scalars. Do not modify its workdir."""
+  del persistent_compilation_cache  # Requested so that the cache is active when this run compiles.
+  workdir = tmp_path_factory.mktemp('reference')
+  with pytest.MonkeyPatch.context() as monkeypatch:
+    batches = record_batches(monkeypatch)
+    results = train.train_and_evaluate(text_config(corpus), str(workdir))
+  return Run(workdir, results, batches, read_events(workdir))
+
+
+def tiny_model_config(**overrides) -> model_lib.ModelConfig:
+  fields = dict(vocab_size=32, num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, max_length=16)
+  return model_lib.ModelConfig(**(fields | overrides))
+
+
+def copy_task_batch(rng, batch_size, length, vocab_size) -> dict[str, np.ndarray]:
+  """Random sources of different lengths, each target the reversed source; EOS and padding as the pipeline."""
+  source = np.zeros((batch_size, length), np.int32)
+  target = np.zeros((batch_size, length), np.int32)
+  for row, size in enumerate(np.linspace(length - 1, 2, batch_size).astype(int)):
+    ids = rng.integers(tokenizer_lib.UNK_ID + 1, vocab_size, size=size)
+    source[row, :size + 1] = [*ids, tokenizer_lib.EOS_ID]
+    target[row, :size + 1] = [*ids[::-1], tokenizer_lib.EOS_ID]
+  decoder_input = np.where(target != 0, np.roll(target, 1, axis=1), 0)
+  decoder_input[:, 0] = tokenizer_lib.BOS_ID
+  return {'source_tokens': source, 'target_tokens': target, 'decoder_input_tokens': decoder_input}
+
+
+def test_tiny_model_overfits_one_batch():
+  model = model_lib.Transformer(tiny_model_config(dropout_rate=0.0))
+  batch = jax.tree.map(jnp.asarray, copy_task_batch(np.random.default_rng(0), 4, 10, 32))
+  tx = optim.make_optimizer(optim.rsqrt_schedule(32, 20, learning_rate_scale=0.3))
+  state = nn.unbox(train.create_train_state(jax.random.key(0), model, tx, batch))
+  step_fn = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.0))
+  eval_fn = jax.jit(functools.partial(train.eval_step, model=model, label_smoothing=0.0))
+  first = eval_fn(state.params, batch)
+  for _ in range(150):
+    state, metrics = step_fn(state, batch)
+  last = eval_fn(state.params, batch)
+  tokens = float(first['token_count'])
+  assert tokens == 25.0  # Rows of 9, 6, 4 and 2 ids, each with EOS.
+  assert float(first['nll_sum']) / tokens > 2.5  # Untrained: about ln(32) = 3.5.
+  assert float(last['nll_sum']) / tokens < 0.05
+  assert float(last['correct_sum']) == tokens
+  assert int(state.step) == 150 and float(metrics['nonfinite']) == 0.0
+
+
+def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypatch, tmp_path):
+  traces = []
+  original = train.train_step
+
+  @functools.wraps(original)  # The same name, hence the same compiled program (and cache entry), as training's.
+  def counting_train_step(state, batch, **kwargs):
+    traces.append(batch['source_tokens'].shape)  # Runs only while jax traces the function.
+    return original(state, batch, **kwargs)
+
+  monkeypatch.setattr(train, 'train_step', counting_train_step)
+  config = tiny.get_config()
+  config.data.vocab_size = VOCAB_SIZE
+  model_cfg = train.validate_config(config)
+  mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
+  schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps)
+  tx = optim.make_optimizer(schedule)
+  s = train.Setup(config, str(tmp_path), mesh, rules, None, model_lib.Transformer(model_cfg), tx, schedule, None)
+  rng = np.random.default_rng(0)
+  batch_a, batch_b = (copy_task_batch(rng, 8, 32, VOCAB_SIZE) for _ in range(2))
+  batch_c, batch_d = (copy_task_batch(rng, 16, 16, VOCAB_SIZE) for _ in range(2))
+  state, state_sharding = train.sharded_train_state(jax.random.key(0), s.model, tx, s.device_batch(batch_a),
+                                                    mesh, rules)
+  train_fn, _ = train._jit_steps(s, state_sharding)  # pylint: disable=protected-access
+  copy = lambda tree: jax.tree.map(jnp.copy, tree)  # train_fn donates the state it is given.
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    state_1, metrics_1 = train_fn(copy(state), s.device_batch(batch_a))
+    state_2, metrics_2 = train_fn(copy(state), s.device_batch(batch_a))
+    assert traces == [(8, 32)]
+    for a, b in zip(jax.tree.leaves((state_1, metrics_1)), jax.tree.leaves((state_2, metrics_2))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # Dropout included (rate 0.1).
+    assert float(metrics_1['token_count']) > 0 and float(metrics_1['nonfinite']) == 0.0
+    state_3, metrics_3 = train_fn(state_1, s.device_batch(batch_b))
+    assert traces == [(8, 32)]  # New values, same shape: no new trace.
+    assert float(metrics_3['loss_sum']) != float(metrics_1['loss_sum'])
+    state_4, _ = train_fn(state_3, s.device_batch(batch_c))
+    train_fn(state_4, s.device_batch(batch_d))
+  assert traces == [(8, 32), (16, 16)]  # One trace (and compilation) per batch shape.
+
+
+def test_main_end_to_end_on_text_files(tmp_path, corpus, compilation_cache_dir):
+  workdir = tmp_path / 'run'
+  flags = config_flags(corpus, num_train_steps=4, translate_at_end=True)
+  process = subprocess.run(main_command(workdir, flags), cwd=REPO_ROOT, env=subprocess_env(compilation_cache_dir),
+                           capture_output=True, text=True, timeout=900, check=False)
+  assert process.returncode == 0, process.stderr[-5000:]
+  assert re.search(r'^bleu: \d+\.\d\d  \(nrefs:1\|case:mixed\|.*averaged steps \[2, 4\]\)$', process.stdout,
+                   re.MULTILINE), process.stdout
+  assert re.search(r'^tokenized_bleu: \d+\.\d\d ', process.stdout, re.MULTILINE), process.stdout
+  assert checkpoint_steps(workdir) == [2, 4]
+  assert (workdir / f'spm_{VOCAB_SIZE}.model').stat().st_size > 0
+  hypotheses = (workdir / 'test.hyp.de').read_text(encoding='utf-8')
+  assert hypotheses.count('\n') == SPLITS['test']
+  events = read_events(workdir)
+  assert sorted(events['train/loss']) == [1, 2, 3, 4]
+  assert sorted(events['eval/loss']) == [2, 4]
+  assert list(events['test/bleu']) == [4] and list(events['eval_averaged/loss']) == [4]
+  assert 'Resumed' not in process.stderr
+
+
+@pytest.mark.slow  # TFDS prepares Multi30k (29,000 pairs) into a temporary folder first: about a minute.
+def test_trains_a_few_steps_on_multi30k(tmp_path, multi30k_dir, caplog):
+  config = tiny.get_config()
+  config.data.update(manual_dir=str(multi30k_dir), tfds_data_dir=str(tmp_path / 'tfds'), vocab_size=VOCAB_SIZE,
+                     max_length=32, bucket_lengths=(32,))
+  config.train.update(translate_at_end=False)
+  workdir = tmp_path / 'run'
+  with caplog.at_level(logging.INFO):
+    results = train.train_and_evaluate(config, str(workdir))
+  assert 3.0 < results['nll'] < np.log(VOCAB_SIZE) + 1.0 and 0.0 <= results['accuracy'] <= 1.0
+  assert checkpoint_steps(workdir) == [2, 4]
+  assert (tmp_path / 'tfds' / 'multi30k').is_dir()
+  assert (workdir / f'spm_{VOCAB_SIZE}.model').exists()
+  assert sorted(read_events(workdir)['train/loss']) == [1, 2, 3, 4]
+  kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Training pairs:')]
+  assert kept and int(kept[0].split()[2]) > 10_000, kept  # Most of the 29,000 pairs fit max_length=32.
+
+
+def test_run_killed_after_checkpoint_resumes_like_uninterrupted(monkeypatch, tmp_path, corpus, reference_run,
+                                                              caplog):
+  def crash_at_step_5(index, batch):
+    if index == 5:
+      raise RuntimeError('simulated crash after checkpoint 4')
+    return batch
+
+  config = text_config(corpus)
+  record_batches(monkeypatch, crash_at_step_5)
+  with pytest.raises(RuntimeError, match='simulated crash'):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert checkpoint_steps(tmp_path) == [2, 4]
+
+  batches = record_batches(monkeypatch)
+  with caplog.at_level(logging.INFO):
+    results = train.train_and_evaluate(config, str(tmp_path))
+  assert any('Resumed from checkpoint step 4' in r.getMessage() for r in caplog.records)
+  assert_same_batches(batches, reference_run.batches[4:])  # Steps 5 and 6: the same batches ...
+  assert compared(read_events(tmp_path)) == compared(reference_run.events)  # ... and every metric of every step.
+  assert results == reference_run.results
+  assert checkpoint_steps(tmp_path) == [4, 6]

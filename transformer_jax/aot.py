@@ -1,0 +1,163 @@
+"""--mode=compile: ahead-of-time compilation of the train step for the configured mesh, to catch OOM early.
+
+  python -m transformer_jax.main --config=configs/big.py --mode=compile --workdir=/tmp/aot \
+      --config.mesh.data=1 --config.mesh.fsdp=-1
+
+Lowers and compiles exactly the jitted `train.train_step` that training runs (same shardings, donation and
+logical axis rules) for the batch shape that needs the most memory, without reading data, training a
+vocabulary, touching checkpoints or running the step. It prints what each device would need
+(`Compiled.memory_analysis()`: arguments, outputs, aliased (donated) buffers, temporaries, generated code),
+XLA's FLOP count (`cost_analysis()`, per device), and the collectives in the optimised HLO, which show how
+the step is sharded (all-reduce for data parallelism; all-gather and reduce-scatter for FSDP; tensor
+parallelism adds all-reduces of activations). The figures are also written to `<workdir>/compile.json`.
+
+It compiles for the devices this process sees: run it on the target topology (or, for a rough CPU estimate
+of sharding and memory, on N fake CPU devices via XLA_FLAGS=--xla_force_host_platform_device_count=N; CPU
+memory figures use the CPU backend's layouts and fusion decisions, so treat them as an estimate).
+"""
+import collections
+import json
+import re
+import time
+from typing import Any
+
+from absl import logging
+from etils import epath
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import input_pipeline
+from transformer_jax import model as model_lib
+from transformer_jax import optim
+from transformer_jax import sharding
+from transformer_jax import train
+
+_COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
+_MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes',
+                  'generated_code_size_in_bytes')
+_PACKED_KEYS = ('source_segment_ids', 'target_segment_ids', 'source_positions', 'target_positions')
+
+
+def largest_batch_shape(data_config, num_shards: int, process_count: int = 1) -> tuple[int, int]:
+  """The global [batch, length] of the longest bucket at data.tokens_per_batch (Sec. 5.1).
+
+  The longest bucket has the fewest rows but the largest attention matrices (batch * length^2 per head, i.e.
+  tokens_per_batch * length), so it bounds the step's memory; packed batches use the same row length.
+
+  Raises:
+    ValueError: if the batch size rounds down to 0 (see `input_pipeline.batch_size_for`).
+  """
+  length = int(input_pipeline.bucket_lengths_for(data_config.bucket_lengths, data_config.max_length)[-1])
+  return input_pipeline.batch_size_for(length, data_config.tokens_per_batch, num_shards, process_count), length
+
+
+def collective_counts(hlo_text: str) -> dict[str, int]:
+  """How many times each cross-device collective appears in (optimised) HLO text; async pairs count once."""
+  counts = collections.Counter()
+  for op in _COLLECTIVES:
+    counts[op] = len(re.findall(rf'\s{op}(?:-start)?\(', hlo_text))
+  return dict(counts)
+
+
+def _abstract_batch(data_config, shape: tuple[int, int], batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
+  keys = ('source_tokens', 'decoder_input_tokens', 'target_tokens')
+  keys += _PACKED_KEYS if data_config.packing else ()
+  return {key: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding) for key in keys}
+
+
+def _setup(config, workdir: str | None) -> train.Setup:
+  """The Setup of `train.setup` without a tokenizer or checkpoint manager: compile mode reads and writes nothing."""
+  model_cfg = train.validate_config(config)
+  train_cfg = config.train
+  schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
+  tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
+                            grad_clip_norm=train_cfg.grad_clip_norm)
+  return train.Setup(config, workdir, sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh),
+                     tokenizer=None, model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule,
+                     checkpoints=None)
+
+
+def _memory_figures(compiled) -> dict[str, int]:
+  """Per-device bytes from `memory_analysis()`, plus their total (empty where the backend gives none)."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return {}
+  memory = {field: int(getattr(stats, field)) for field in _MEMORY_FIELDS}
+  # The donated state's buffers hold the new state, so aliased bytes count once.
+  memory['total_in_bytes'] = (memory['argument_size_in_bytes'] + memory['output_size_in_bytes']
+                              - memory['alias_size_in_bytes'] + memory['temp_size_in_bytes']
+                              + memory['generated_code_size_in_bytes'])
+  return memory
+
+
+def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[str, Any]]:
+  """Lowers and compiles the sharded train step; nothing is executed or read.
+
+  Args:
+    config: the full ConfigDict (configs/*.py); the vocabulary size is `config.data.vocab_size`.
+    workdir: recorded in the Setup only (nothing is read from or written to it here).
+
+  Returns:
+    (the `jax.stages.Compiled` step, a dict of figures: mesh, batch shape, parameter count, per-device
+    memory in bytes, per-device and total HLO FLOPs, collective counts, compile seconds).
+
+  Raises:
+    ValueError: for a bad config value (see `train.validate_config`) or a mesh the model does not divide by.
+  """
+  s = _setup(config, workdir)
+  abstract_state = s.abstract_state()
+  shape = largest_batch_shape(config.data, s.data_shards, jax.process_count())
+  batch = _abstract_batch(config.data, shape, sharding.batch_sharding(s.mesh))
+  state_sharding = jax.tree.map(lambda x: x.sharding, abstract_state)
+  train_fn, _ = train._jit_steps(s, state_sharding)  # pylint: disable=protected-access
+  start = time.perf_counter()
+  with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
+    lowered = train_fn.lower(abstract_state, batch)
+  compiled = lowered.compile()
+  seconds = time.perf_counter() - start
+  flops = float((compiled.cost_analysis() or {}).get('flops', float('nan')))  # Per device (one SPMD program).
+  figures = {
+      'mesh': dict(s.mesh.shape), 'devices': s.mesh.size, 'device_kind': s.mesh.devices.flat[0].device_kind,
+      'batch_shape': list(shape), 'tokens_per_batch': config.data.tokens_per_batch,
+      'num_params': int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))),
+      'memory_per_device': _memory_figures(compiled), 'flops_per_device': flops,
+      'flops_total': flops * s.mesh.size, 'collectives': collective_counts(compiled.as_text()),
+      'compile_seconds': seconds}
+  return compiled, figures
+
+
+def format_report(figures: dict[str, Any]) -> str:
+  """A human-readable summary of `compile_train_step`'s figures."""
+  gib = lambda n: f'{n / 2**30:8.3f} GiB'
+  batch, length = figures['batch_shape']
+  lines = [f"mesh {figures['mesh']} on {figures['devices']} x {figures['device_kind']}; batch [{batch}, {length}] "
+           f"per side ({batch * length:,} slots, tokens_per_batch={figures['tokens_per_batch']:,}); "
+           f"{figures['num_params']:,} parameters; compiled in {figures['compile_seconds']:.1f} s",
+           'memory per device:']
+  names = {'argument_size_in_bytes': 'arguments (state + batch)', 'output_size_in_bytes': 'outputs',
+           'alias_size_in_bytes': 'aliased (donated)', 'temp_size_in_bytes': 'temporaries',
+           'generated_code_size_in_bytes': 'generated code', 'total_in_bytes': 'total (args+out-alias+temp+code)'}
+  lines += [f'  {names[k]:34s}{gib(v)}' for k, v in figures['memory_per_device'].items()]
+  lines.append(f"HLO FLOPs per step: {figures['flops_per_device']:.4g} per device, "
+               f"{figures['flops_total']:.4g} in total")
+  lines.append('collectives: ' + ', '.join(f'{k} {v}' for k, v in figures['collectives'].items()))
+  return '\n'.join(lines)
+
+
+def compile_only(config, workdir: str | None) -> dict[str, Any]:
+  """--mode=compile: compiles the train step, prints the report and a JSON line, writes workdir/compile.json.
+
+  Returns:
+    The figures of `compile_train_step`.
+  """
+  _, figures = compile_train_step(config, workdir)
+  print(format_report(figures))
+  print(json.dumps(figures))
+  if workdir and jax.process_index() == 0:
+    path = epath.Path(workdir) / 'compile.json'  # epath: a gs:// workdir works too.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=2))
+    logging.info('Compile figures written to %s', path)
+  return figures

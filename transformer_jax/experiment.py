@@ -1,0 +1,303 @@
+"""What every mode builds from the config before it trains, evaluates or translates (§5).
+
+`setup` checks everything that can be checked before a byte is written (the config values, the input files,
+that the workdir is writable and holds no incompatible run), then loads or trains the vocabulary and builds
+the mesh, model, optimiser and checkpoint manager. `TrainState` and its (sharded) creation live here too, so
+that `Setup.abstract_state` can describe a checkpoint without initialising one.
+"""
+import dataclasses
+import functools
+import math
+from typing import Any
+
+from etils import epath
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+import numpy as np
+import optax
+
+from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import input_pipeline
+from transformer_jax import model as model_lib
+from transformer_jax import multi30k
+from transformer_jax import optim
+from transformer_jax import sharding
+from transformer_jax import tokenizer as tokenizer_lib
+
+Array = jax.Array
+Batch = dict[str, Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a checkpoint needs to resume training exactly.
+
+  Attributes:
+    step: int32 scalar, number of updates applied.
+    params: float32 parameter tree.
+    opt_state: Adam moments and count.
+    rng: uint32 [2] raw PRNG key data; dropout at step s uses fold_in(rng, s).
+  """
+  step: Array
+  params: Any
+  opt_state: Any
+  rng: Array
+
+
+def model_inputs(batch: Batch) -> dict[str, Array]:
+  """Model keyword arguments from a batch dict (segment ids and positions only for packed batches)."""
+  keys = ('source_segment_ids', 'target_segment_ids', 'source_positions', 'target_positions')
+  return {key: batch[key] for key in keys if key in batch}
+
+
+def create_train_state(rng: Array, model: model_lib.Transformer, tx: optax.GradientTransformation,
+                       batch: Batch) -> TrainState:
+  """Initialises parameters (boxed with logical axis names) and the optimiser state.
+
+  Args:
+    rng: a PRNG key.
+    model: the Transformer.
+    tx: the optimiser.
+    batch: an example batch (only shapes matter).
+
+  Returns:
+    A TrainState at step 0 whose params are `LogicallyPartitioned` boxes.
+  """
+  init_rng, dropout_rng = jax.random.split(rng)
+  variables = model.init({'params': init_rng}, batch['source_tokens'], batch['decoder_input_tokens'],
+                         **model_inputs(batch))
+  params = variables['params']
+  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=jax.random.key_data(dropout_rng))
+
+
+def sharded_train_state(rng, model, tx, batch, mesh, rules) -> tuple[TrainState, Any]:
+  """Creates the TrainState directly in its sharded layout (jit of the initialiser with out_shardings).
+
+  Returns:
+    (state with unboxed params, the matching tree of NamedShardings).
+  """
+  init_fn = functools.partial(create_train_state, model=model, tx=tx, batch=batch)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract = jax.eval_shape(init_fn, rng)
+    state_sharding = sharding.logical_to_sharding(abstract, mesh, rules)
+    state = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=state_sharding)(rng)
+  return state, state_sharding
+
+
+def _require(ok: bool, key: str, value, allowed: str) -> None:
+  if not ok:
+    raise ValueError(f'{key} must be {allowed}, got {value!r}')
+
+
+def _is_positive_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def validate_config(config) -> model_lib.ModelConfig:
+  """Checks every configuration value at start-up, in one place, before anything is read or written.
+
+  Input files are checked separately (`check_data_files`): compile and benchmark modes read none.
+
+  Returns:
+    The ModelConfig at the configured vocabulary size.
+
+  Raises:
+    ValueError: naming the first bad key, its value and what is allowed.
+  """
+  train_cfg, data_cfg, decode_cfg = config.train, config.data, config.decode
+  _validate_train(train_cfg)
+  _validate_data(data_cfg)
+  _require(_is_positive_int(decode_cfg.beam_size), 'decode.beam_size', decode_cfg.beam_size, 'an integer >= 1')
+  _require(decode_cfg.alpha >= 0.0, 'decode.alpha', decode_cfg.alpha, '>= 0')
+  _require(_is_positive_int(decode_cfg.extra_length), 'decode.extra_length', decode_cfg.extra_length,
+           'an integer >= 1')
+  _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
+           config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
+  model_cfg = model_lib.ModelConfig(vocab_size=data_cfg.vocab_size, **config.model)  # Checks model.*.
+  _require(model_cfg.max_length >= data_cfg.max_length or model_cfg.position_embedding != 'learned',
+           'data.max_length', data_cfg.max_length, f'<= model.max_length={model_cfg.max_length} with learned '
+           'positions')
+  sharding.mesh_shape(config.mesh, jax.device_count())
+  sharding.logical_axis_rules(config.mesh)
+  optim.make_optimizer(optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale),
+                       b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
+                       grad_clip_norm=train_cfg.grad_clip_norm)
+  return model_cfg
+
+
+def _validate_train(train_cfg) -> None:
+  for key in ('num_train_steps', 'warmup_steps', 'log_every_steps', 'eval_every_steps',
+              'checkpoint_every_steps', 'max_checkpoints_to_keep'):
+    _require(_is_positive_int(train_cfg[key]), f'train.{key}', train_cfg[key], 'a positive integer')
+  _require(math.isfinite(train_cfg.learning_rate_scale) and train_cfg.learning_rate_scale > 0,
+           'train.learning_rate_scale', train_cfg.learning_rate_scale, 'a finite number > 0')
+  _require(0.0 <= train_cfg.label_smoothing < 1.0, 'train.label_smoothing', train_cfg.label_smoothing, 'in [0, 1)')
+  _require(math.isfinite(train_cfg.grad_clip_norm) and train_cfg.grad_clip_norm >= 0, 'train.grad_clip_norm',
+           train_cfg.grad_clip_norm, 'a finite number >= 0 (0 disables clipping)')
+  _require(train_cfg.on_nonfinite in ('stop', 'skip'), 'train.on_nonfinite', train_cfg.on_nonfinite,
+           "one of ('stop', 'skip')")
+
+
+def _validate_data(data_cfg) -> None:
+  for key in ('vocab_size', 'tokens_per_batch', 'max_length', 'tokenizer_train_sentences'):
+    _require(_is_positive_int(data_cfg[key]), f'data.{key}', data_cfg[key], 'a positive integer')
+  _require(all(_is_positive_int(length) for length in data_cfg.bucket_lengths), 'data.bucket_lengths',
+           data_cfg.bucket_lengths, 'positive integers')
+  _require(data_cfg.tokenizer_model_type in ('bpe', 'unigram'), 'data.tokenizer_model_type',
+           data_cfg.tokenizer_model_type, "one of ('bpe', 'unigram')")
+  _require(data_cfg.source_lang != data_cfg.target_lang, 'data.target_lang', data_cfg.target_lang,
+           f'different from data.source_lang={data_cfg.source_lang!r}')
+
+
+def check_data_files(data_config, splits) -> None:
+  """Fails early when the input files of `splits` are not where the config says (nothing is read).
+
+  dataset='text': `data.{train,eval,test}_files` must each name two existing files; dataset='multi30k' with a
+  manual_dir: the folder must hold the nine files. TFDS datasets are checked by TFDS when loaded.
+
+  Args:
+    data_config: `config.data`.
+    splits: split names among data_config.train_split, eval_split and test_split.
+
+  Raises:
+    ValueError: naming the key for a malformed file list or an incomplete Multi30k folder.
+    FileNotFoundError: naming the key and the path of a missing file.
+  """
+  if data_config.dataset == 'multi30k' and data_config.manual_dir:
+    multi30k.check_manual_dir(data_config.manual_dir)
+  if data_config.dataset != 'text':
+    return
+  keys = {data_config.train_split: 'train_files', data_config.eval_split: 'eval_files',
+          data_config.test_split: 'test_files'}
+  for split in splits:
+    key = keys[split]
+    paths = [path.strip() for path in data_config[key].split(',')]
+    _require(len(paths) == 2 and all(paths), f'data.{key}', data_config[key],
+             "'SOURCE_PATH,TARGET_PATH' with dataset='text'")
+    for path in paths:
+      if not epath.Path(path).exists():
+        raise FileNotFoundError(f'data.{key}: {path} does not exist')
+
+
+@dataclasses.dataclass
+class Setup:
+  """What every mode builds from the config: mesh, vocabulary, model, optimiser and checkpoint manager."""
+  config: Any
+  workdir: str
+  mesh: Mesh
+  rules: Any
+  tokenizer: tokenizer_lib.Tokenizer
+  model: model_lib.Transformer
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  checkpoints: checkpoints_lib.CheckpointManager
+
+  @property
+  def data_shards(self) -> int:
+    return self.mesh.shape['data'] * self.mesh.shape['fsdp']
+
+  def abstract_state(self):
+    """ShapeDtypeStructs with shardings of the TrainState (for restoring without initialising)."""
+    batch = {key: jnp.zeros((self.data_shards, 8), jnp.int32)
+             for key in ('source_tokens', 'decoder_input_tokens', 'target_tokens')}
+    init_fn = functools.partial(create_train_state, model=self.model, tx=self.tx, batch=batch)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      abstract = jax.eval_shape(init_fn, jax.random.key(0))
+      shardings = sharding.logical_to_sharding(abstract, self.mesh, self.rules)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        nn.unbox(abstract), shardings)
+
+  def device_batch(self, batch: dict[str, np.ndarray]) -> Batch:
+    """This host's rows of a global batch as global arrays split over the data axes."""
+    batch_sharding = sharding.batch_sharding(self.mesh)
+    return {key: jax.make_array_from_process_local_data(batch_sharding, value)
+            for key, value in batch.items() if key != 'example_index'}
+
+
+def setup(config, workdir: str, data_splits=()) -> Setup:
+  """Checks config, input files and workdir, then loads or trains the vocabulary and builds the model.
+
+  Nothing is written before every check has passed, and the only writes before training are the workdir
+  itself, its `checkpoints/` folder and the vocabulary `spm_<vocab_size>.model`.
+
+  Args:
+    config: the ConfigDict (configs/base.py).
+    workdir: the run's folder.
+    data_splits: splits whose input files must exist (`check_data_files`).
+
+  Raises:
+    ValueError: for a bad config value, or a workdir holding a run with an incompatible config.
+    FileNotFoundError: for a missing input file.
+    OSError: if the workdir cannot be created or written.
+  """
+  model_cfg = validate_config(config)
+  check_data_files(config.data, data_splits)
+  _check_writable(workdir)
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.logical_axis_rules(config.mesh)
+  # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would
+  # otherwise leave a second spm_<vocab_size>.model behind before failing.
+  manager = open_checkpoints(config, workdir, model_cfg)
+  try:
+    tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
+    if tokenizer.vocab_size != model_cfg.vocab_size:
+      raise ValueError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
+                       f'data.vocab_size={model_cfg.vocab_size}')
+  except BaseException:
+    manager.close()  # Its threads would outlive the error.
+    raise
+  schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps, config.train.learning_rate_scale)
+  tx = optim.make_optimizer(schedule, b1=config.train.adam_b1, b2=config.train.adam_b2,
+                            eps=config.train.adam_eps, grad_clip_norm=config.train.grad_clip_norm)
+  return Setup(config, workdir, mesh, rules, tokenizer, model_lib.Transformer(model_cfg), tx, schedule, manager)
+
+
+def open_checkpoints(config, workdir: str,
+                     model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
+  """The checkpoint manager of `workdir`.
+
+  The fingerprint stored with every checkpoint is what a run must agree with to resume or evaluate it: the
+  architecture (not the compute dtype, attention implementation or rematerialisation, which change no
+  parameter), the vocabulary size and the languages.
+
+  Raises:
+    ValueError: if `workdir` holds a run with another fingerprint (nothing is written then).
+  """
+  fingerprint = {'model': dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None},
+                 'data': {'vocab_size': model_cfg.vocab_size, 'source_lang': config.data.source_lang,
+                          'target_lang': config.data.target_lang}}
+  return checkpoints_lib.CheckpointManager(
+      workdir, max_to_keep=config.train.max_checkpoints_to_keep,
+      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=fingerprint)
+
+
+def _check_writable(workdir: str) -> None:
+  """Fails before training when the workdir cannot be written (read-only, missing permissions, full)."""
+  try:
+    path = epath.Path(workdir)
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f'.write_probe_{jax.process_index()}'
+    probe.write_text('x' * 4096)
+    probe.unlink()
+  except OSError as e:
+    raise OSError(f'--workdir={workdir} is not writable: {e}') from e
+
+
+def encode_split(s: Setup, split: str):
+  """(source texts, target texts, source ids, target ids) of one split, in file order."""
+  source, target = input_pipeline.load_split(s.config.data, split)
+  return (source, target, input_pipeline.encode(s.tokenizer, source),
+          input_pipeline.encode(s.tokenizer, target))
+
+
+def make_eval_batches(s: Setup, source_ids, target_ids) -> list[dict[str, np.ndarray]]:
+  """Evaluation batches of a whole split (`input_pipeline.eval_batches`) for this host."""
+  data_cfg = s.config.data
+  return input_pipeline.eval_batches(
+      source_ids, target_ids, tokens_per_batch=data_cfg.tokens_per_batch, max_length=data_cfg.max_length,
+      bucket_lengths=data_cfg.bucket_lengths, batch_size_multiple=s.data_shards,
+      process_index=jax.process_index(), process_count=jax.process_count())
