@@ -85,7 +85,7 @@ def _worker_main() -> None:
         jax.random.key(0), model, tx, s.device_batch(batches[0]), mesh, rules)
   else:
     state, state_sharding = _random_state(model, tx, mesh, rules, batches[0])
-  train_fn, eval_fn = train._jit_steps(s, state_sharding)  # pylint: disable=protected-access
+  train_fn, eval_fn = train.jit_steps(s, state_sharding)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     first = s.device_batch(batches[0])
     eval_fn = eval_fn.lower(state.params, first).compile()

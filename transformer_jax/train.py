@@ -35,6 +35,7 @@ import tensorboardX
 from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import evaluate as evaluate_lib
+from transformer_jax import inspection
 from transformer_jax import input_pipeline
 from transformer_jax import losses
 from transformer_jax import model as model_lib
@@ -113,7 +114,7 @@ def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
   return losses.smoothed_cross_entropy(logits, batch['target_tokens'], target_weights(batch), label_smoothing)
 
 
-def _jit_steps(s: Setup, state_sharding):
+def jit_steps(s: Setup, state_sharding):
   """The jitted train and eval steps with their shardings; the state's buffers are donated."""
   batch_sharding = sharding.batch_sharding(s.mesh)
   train_fn = jax.jit(
@@ -307,7 +308,7 @@ def _train_loop(s: Setup, state: TrainState, train_fn, eval_fn, data: _Data, wri
     if last or step % cfg.log_every_steps == 0:
       progress.report(step)
     if last or step % cfg.eval_every_steps == 0:
-      write_scalars(writer, step, _validate(eval_fn, state.params, data.eval_batches, step), 'eval')
+      write_scalars(writer, step, _validate(s, eval_fn, state.params, data.eval_batches, step), 'eval')
     s.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
       return state, step
@@ -329,11 +330,13 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   splits = (data_cfg.train_split, data_cfg.eval_split) + ((data_cfg.test_split,) if config.train.translate_at_end
                                                           else ())
   s = setup(config, workdir, data_splits=splits)
+  if jax.process_index() == 0:
+    inspection.save_config(config, workdir)  # config.json, for notebooks and --mode=evaluate/translate readers.
   writer = None
   try:
     data = _load_data(s)
     state, state_sharding = _restore_or_init(s, data)
-    train_fn, eval_fn = _jit_steps(s, state_sharding)
+    train_fn, eval_fn = jit_steps(s, state_sharding)
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
     with _StopRequest() as stop, jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
       state, stopped_at = _train_loop(s, state, train_fn, eval_fn, data, writer, stop)
@@ -349,8 +352,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     s.checkpoints.close()
 
 
-def _validate(eval_fn, params, eval_batches, step: int) -> dict[str, float]:
-  metrics = evaluate_lib.evaluate(eval_fn, params, eval_batches)
+def _validate(s: Setup, eval_fn, params, eval_batches, step: int) -> dict[str, float]:
+  # Global arrays: with several processes each host holds its rows of every batch (multi-host safe).
+  metrics = evaluate_lib.evaluate(eval_fn, params, map(s.device_batch, eval_batches))
   logging.info('eval at step %d | loss %.4f | nll %.4f | perplexity %.2f | acc %.3f', step, metrics['loss'],
                metrics['nll'], metrics['perplexity'], metrics['accuracy'])
   return metrics
@@ -382,7 +386,7 @@ def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=No
   """
   params, steps = load_params(s)
   with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
-    results = _validate(eval_fn, params, eval_batches, steps[-1])
+    results = _validate(s, eval_fn, params, eval_batches, steps[-1])
     write_scalars(writer, steps[-1], results, 'eval_averaged')
     if not s.config.train.translate_at_end:
       return results
@@ -423,7 +427,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
   try:
     _, _, eval_source_ids, eval_target_ids = encode_split(s, data_cfg.eval_split)
     state_sharding = jax.tree.map(lambda x: x.sharding, s.abstract_state())
-    _, eval_fn = _jit_steps(s, state_sharding)
+    _, eval_fn = jit_steps(s, state_sharding)
     return final_evaluation(s, eval_fn, make_eval_batches(s, eval_source_ids, eval_target_ids))
   finally:
     s.checkpoints.close()
