@@ -102,11 +102,8 @@ class Residual(nn.Module):
     return norm(x + dropout(sublayer(x), deterministic))
 
 
-class EncoderLayer(nn.Module):
-  """Self-attention then feed-forward, each wrapped in `Residual` (§3.1, encoder).
-
-  Attributes mirror `ModelConfig`.
-  """
+class _Layer(nn.Module):
+  """The fields shared by encoder and decoder layers; they mirror `ModelConfig`."""
   d_ff: int
   num_heads: int
   d_k: int
@@ -117,13 +114,23 @@ class EncoderLayer(nn.Module):
   dtype: Any = jnp.float32
   attention_impl: str = 'xla'
 
+  def make_residual(self, name: str) -> Residual:
+    return Residual(self.layer_norm_position, self.dropout_rate, self.dtype, name=name)
+
+  def make_attention(self, name: str, cross_attention: bool = False) -> attention.MultiHeadAttention:
+    return attention.MultiHeadAttention(
+        self.num_heads, self.d_k, self.d_v, self.attention_dropout_rate, cross_attention=cross_attention,
+        dtype=self.dtype, attention_impl=self.attention_impl, name=name)
+
+
+class EncoderLayer(_Layer):
+  """Self-attention then feed-forward, each wrapped in `Residual` (§3.1, encoder)."""
+
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
     """x: [batch, src_len, d_model]; mask: bool [batch, 1, src_len, src_len]. Returns x's shape."""
-    residual = lambda name: Residual(self.layer_norm_position, self.dropout_rate, self.dtype, name=name)
-    attend = attention.MultiHeadAttention(
-        self.num_heads, self.d_k, self.d_v, self.attention_dropout_rate, dtype=self.dtype,
-        attention_impl=self.attention_impl, name='self_attention')
+    residual = self.make_residual
+    attend = self.make_attention('self_attention')
     x = residual('self_attention_residual')(
         x, lambda y: attend(y, y, mask, deterministic=deterministic), deterministic=deterministic)
     x = residual('feed_forward_residual')(
@@ -131,17 +138,8 @@ class EncoderLayer(nn.Module):
     return nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_Layer):
   """Masked self-attention, encoder-decoder attention over `memory`, feed-forward (§3.1, decoder)."""
-  d_ff: int
-  num_heads: int
-  d_k: int
-  d_v: int
-  dropout_rate: float
-  attention_dropout_rate: float
-  layer_norm_position: str
-  dtype: Any = jnp.float32
-  attention_impl: str = 'xla'
 
   @nn.compact
   def __call__(self, x: Array, memory: Array, self_mask: Array | None, memory_mask: Array,
@@ -157,11 +155,9 @@ class DecoderLayer(nn.Module):
     Returns:
       [batch, tgt_len, d_model].
     """
-    residual = lambda name: Residual(self.layer_norm_position, self.dropout_rate, self.dtype, name=name)
-    mha = lambda name, cross: attention.MultiHeadAttention(
-        self.num_heads, self.d_k, self.d_v, self.attention_dropout_rate, cross_attention=cross,
-        dtype=self.dtype, attention_impl=self.attention_impl, name=name)
-    self_attend, cross_attend = mha('self_attention', False), mha('encoder_decoder_attention', True)
+    residual = self.make_residual
+    self_attend = self.make_attention('self_attention')
+    cross_attend = self.make_attention('encoder_decoder_attention', cross_attention=True)
     x = residual('self_attention_residual')(
         x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic, decode=decode),
         deterministic=deterministic)
