@@ -119,6 +119,7 @@ def wait_for(predicate, process, timeout_secs=600.0, poll_secs=0.005):
   return True
 
 
+@pytest.mark.slow  # A second process: about 20 s (the in-process signal test above covers the same code).
 def test_sigterm_to_main_saves_and_exits_0(monkeypatch, tmp_path, corpus, reference_run, compilation_cache_dir,
                                           caplog):
   workdir, log = tmp_path / 'run', tmp_path / 'stderr.txt'
@@ -142,6 +143,7 @@ def test_sigterm_to_main_saves_and_exits_0(monkeypatch, tmp_path, corpus, refere
                                   resumed_from=step)
 
 
+@pytest.mark.slow  # A second process: about 25 s (test_train.py simulates a crash in process).
 def test_kill_9_during_the_first_save_then_rerun_matches_uninterrupted(monkeypatch, tmp_path, corpus,
                                                                         reference_run, compilation_cache_dir,
                                                                         caplog):

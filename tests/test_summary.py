@@ -1,4 +1,5 @@
 """Tests for transformer_jax.summary: the parameter table (`--mode=summary`) and its total."""
+import pathlib
 import re
 
 import flax.linen as nn
@@ -65,3 +66,15 @@ def test_summarize_base_by_sub_layer():
 def test_summarize_big_needs_no_memory():
   text = summary.summarize(model_lib.ModelConfig(vocab_size=37000, d_model=1024, d_ff=4096, num_heads=16))
   assert text.splitlines()[-1] == 'total_params: 214171648'
+
+
+def test_summary_mode_of_main_prints_the_table_and_total():
+  """`--mode=summary` reads no data and no checkpoint; its last line is the Table 3 row's count."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = pathlib.Path(__file__).resolve().parents[1]
+  out = subprocess.run([sys.executable, '-m', 'transformer_jax.main', '--config=configs/table3.py:B1',
+                        '--mode=summary'], cwd=root, capture_output=True, text=True, timeout=120, check=True)
+  lines = out.stdout.strip().splitlines()
+  assert lines[-1] == 'total_params: 55967744'  # B1 (d_k=16) at vocabulary 37000; the paper: 58M.
+  assert any('feed-forward' in line for line in lines)

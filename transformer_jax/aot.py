@@ -111,7 +111,7 @@ def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[st
   shape = largest_batch_shape(config.data, s.data_shards, jax.process_count())
   batch = _abstract_batch(config.data, shape, sharding.batch_sharding(s.mesh))
   state_sharding = jax.tree.map(lambda x: x.sharding, abstract_state)
-  train_fn, _ = train.jit_steps(s, state_sharding)  # pylint: disable=protected-access
+  train_fn, _ = train.jit_steps(s, state_sharding)
   start = time.perf_counter()
   with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
     lowered = train_fn.lower(abstract_state, batch)

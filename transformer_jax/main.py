@@ -7,7 +7,9 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow (tf.data, TFDS) is chatty on import.
 
-from absl import app  # pylint: disable=g-import-not-at-top
+import logging as python_logging  # pylint: disable=g-import-not-at-top
+
+from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -28,13 +30,23 @@ flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.di
 flags.mark_flags_as_required(['config'])
 
 
+class _QuietLibraries(python_logging.Filter):
+  """Drops orbax's and TFDS's INFO records (dozens per checkpoint); keeps their warnings and our logs."""
+  _NOISY = (f'{os.sep}orbax{os.sep}', f'{os.sep}tensorflow_datasets{os.sep}')
+
+  def filter(self, record):
+    return record.levelno > python_logging.INFO or not any(p in record.pathname for p in self._NOISY)
+
+
 def main(argv):
+  logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, mode, workdir = flags.FLAGS.config, flags.FLAGS.mode, flags.FLAGS.workdir
   if mode == 'summary':
+    from transformer_jax import model as model_lib  # pylint: disable=g-import-not-at-top
     from transformer_jax import summary  # pylint: disable=g-import-not-at-top
-    print(summary.summarize_config(config))
+    print(summary.summarize(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)))
     return
   if mode == 'benchmark':
     from transformer_jax import benchmark  # pylint: disable=g-import-not-at-top

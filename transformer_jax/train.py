@@ -115,7 +115,18 @@ def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
 
 
 def jit_steps(s: Setup, state_sharding):
-  """The jitted train and eval steps with their shardings; the state's buffers are donated."""
+  """`train_step` and `eval_step` jitted as training runs them (§5), for the mesh and config of `s`.
+
+  Args:
+    s: the Setup (mesh, model, optimiser, train.label_smoothing).
+    state_sharding: the TrainState's tree of NamedShardings (`jax.tree.map(lambda x: x.sharding,
+      s.abstract_state())`).
+
+  Returns:
+    (train_fn(state, batch) -> (state, metrics), which donates the state it is given;
+     eval_fn(params, batch) -> metric sums). Batches are split over the data axes (`sharding.batch_sharding`);
+    each compiles once per batch shape.
+  """
   batch_sharding = sharding.batch_sharding(s.mesh)
   train_fn = jax.jit(
       functools.partial(train_step, model=s.model, tx=s.tx, label_smoothing=s.config.train.label_smoothing),
@@ -330,10 +341,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   splits = (data_cfg.train_split, data_cfg.eval_split) + ((data_cfg.test_split,) if config.train.translate_at_end
                                                           else ())
   s = setup(config, workdir, data_splits=splits)
-  if jax.process_index() == 0:
-    inspection.save_config(config, workdir)  # config.json, for notebooks and --mode=evaluate/translate readers.
   writer = None
   try:
+    if jax.process_index() == 0:
+      inspection.save_config(config, workdir)  # config.json, for notebooks and --mode=evaluate/translate readers.
     data = _load_data(s)
     state, state_sharding = _restore_or_init(s, data)
     train_fn, eval_fn = jit_steps(s, state_sharding)
