@@ -82,24 +82,39 @@ def strip(row):
   return tuple(int(t) for t in row if t != PAD)
 
 
-def run_beam(model, lengths, beam_size, alpha, max_steps, calls=None, jit=True):
+def grow_history(cache, length):
+  """grow_cache for the toy model: the token history holds `length` positions."""
+  history = cache['history']
+  return dict(cache, history=jnp.pad(history, ((0, 0), (0, length - history.shape[1]))))
+
+
+def staging(cache_stages, max_steps):
+  """(initial cache length, search kwargs): staged searches start from an empty history."""
+  if not cache_stages:
+    return max_steps, {}
+  return 0, dict(cache_stages=cache_stages, grow_cache=grow_history)
+
+
+def run_beam(model, lengths, beam_size, alpha, max_steps, calls=None, jit=True, cache_stages=()):
   t1, t2, bias = model
+  cache_length, stage_kwargs = staging(cache_stages, max_steps)
   search = functools.partial(
       decoding.beam_search, make_step_fn(t1, t2, calls), batch_size=bias.shape[0],
-      beam_size=beam_size, alpha=alpha, max_steps=max_steps, eos_id=EOS, bos_id=BOS)
+      beam_size=beam_size, alpha=alpha, max_steps=max_steps, eos_id=EOS, bos_id=BOS, **stage_kwargs)
   if jit:
     search = jax.jit(search)
-  tokens, scores = search(make_cache(bias, beam_size, max_steps),
+  tokens, scores = search(make_cache(bias, beam_size, cache_length),
                           max_decode_lengths=jnp.asarray(lengths, jnp.int32))
   return np.asarray(tokens), np.asarray(scores)
 
 
-def run_greedy(model, lengths, max_steps):
+def run_greedy(model, lengths, max_steps, cache_stages=()):
   t1, t2, bias = model
+  cache_length, stage_kwargs = staging(cache_stages, max_steps)
   search = jax.jit(functools.partial(
       decoding.greedy_search, make_step_fn(t1, t2), batch_size=bias.shape[0],
-      max_steps=max_steps, eos_id=EOS, bos_id=BOS))
-  return np.asarray(search(make_cache(bias, 1, max_steps),
+      max_steps=max_steps, eos_id=EOS, bos_id=BOS, **stage_kwargs))
+  return np.asarray(search(make_cache(bias, 1, cache_length),
                            max_decode_lengths=jnp.asarray(lengths, jnp.int32)))
 
 
@@ -232,6 +247,34 @@ def test_jit_and_eager_trace_agree():
   np.testing.assert_allclose(jitted[1], eager[1], rtol=1e-6)
 
 
+@pytest.mark.parametrize('cache_stages', [(1, 2, 4), (3,), (2, 5, 99)])
+def test_staged_cache_gives_the_same_search(cache_stages):
+  # The toy step_fn writes its history at column `step`: a history that did not grow in time would drop
+  # the write (JAX drops out-of-range scatters) and change every later score.
+  lengths = [5, 2, 4]
+  model = make_model(seed=7, batch=3)
+  tokens, scores = run_beam(model, lengths, beam_size=3, alpha=0.6, max_steps=5)
+  staged_tokens, staged_scores = run_beam(model, lengths, beam_size=3, alpha=0.6, max_steps=5,
+                                          cache_stages=cache_stages)
+  np.testing.assert_array_equal(staged_tokens, tokens)
+  np.testing.assert_array_equal(staged_scores, scores)
+  np.testing.assert_array_equal(run_greedy(model, lengths, max_steps=5, cache_stages=cache_stages),
+                                run_greedy(model, lengths, max_steps=5))
+
+
+@pytest.mark.parametrize('shape, k', [((3, 1000), 4), ((2, 5, 777), 1), ((4, 4000), 16), ((2, 100), 3)])
+def test_top_k_matches_lax_top_k_with_ties_and_infinities(shape, k):
+  rng = np.random.default_rng(k)
+  x = np.round(rng.normal(size=shape) * 2) / 2  # Many ties.
+  x[..., ::7] = -np.inf
+  x[0, ...] = -np.inf  # A row with no finite entry.
+  x = jnp.asarray(x, jnp.float32)
+  want_values, want_index = jax.lax.top_k(x, k)
+  values, index = jax.jit(decoding._top_k, static_argnums=1)(x, k)
+  np.testing.assert_array_equal(values, want_values)
+  np.testing.assert_array_equal(index, want_index)
+
+
 def test_expand_to_beams_is_beam_major():
   x = jnp.arange(6).reshape(2, 3)
   np.testing.assert_array_equal(decoding.expand_to_beams(x, 2), [[0, 1, 2]] * 2 + [[3, 4, 5]] * 2)
@@ -243,6 +286,9 @@ def test_bad_arguments_raise():
   with pytest.raises(ValueError, match='leading dimension 6'):
     decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 2, 4),
                          max_decode_lengths=jnp.array([4, 4]), **kwargs)
+  with pytest.raises(ValueError, match='cache_stages needs grow_cache'):
+    decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4), max_decode_lengths=jnp.array([4, 4]),
+                         cache_stages=(2,), **kwargs)
   with pytest.raises(ValueError, match=r'expected \(2,\)'):
     decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4),
                          max_decode_lengths=jnp.array([4, 4, 4]), **kwargs)

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer_jax import decoding
 from transformer_jax import evaluate
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
@@ -74,6 +75,44 @@ def test_beam_one_with_alpha_zero_equals_greedy_and_lengths_are_bounded():
     assert len(strip(row)) <= np.count_nonzero(source) + 6  # §6.1: input length + extra_length.
   for row, source in zip(np.asarray(greedy), SOURCE):
     assert len(strip(row)) <= np.count_nonzero(source) + 6
+
+
+def beam_search_with_memory_per_beam(model, params, source, beam_size, alpha, extra_length):
+  """Reference: the encoder output copied for every beam, whole cache from the start (no stages)."""
+  memory = model.apply({'params': params}, source, method='encode')
+  segment_ids = model_lib.segment_ids_from_tokens(source)
+  memory, segment_ids = decoding.expand_to_beams((memory, segment_ids), beam_size)
+  max_steps = source.shape[1] + extra_length
+  _, variables = model.apply({'params': params}, memory, segment_ids, max_steps, method='init_cache',
+                             mutable=['cache'])
+
+  def step_fn(tokens, cache):
+    logits, variables = model.apply({'params': params, 'cache': cache}, tokens[:, None], memory, segment_ids,
+                                    decode=True, method='decode', mutable=['cache'])
+    return logits[:, 0], variables['cache']
+
+  tokens, _ = decoding.beam_search(
+      step_fn, variables['cache'], batch_size=source.shape[0], beam_size=beam_size, alpha=alpha,
+      max_decode_lengths=jnp.sum(source != 0, axis=1) + extra_length, max_steps=max_steps, eos_id=EOS,
+      bos_id=BOS, pad_id=tokenizer_lib.PAD_ID)
+  return tokens[:, 0]
+
+
+@pytest.mark.parametrize('beam_size', [1, 3])
+def test_shared_memory_rows_and_cache_stages_give_the_reference_search(beam_size):
+  model = make_model()
+  params = init_params(model, seed=5)
+  source = jnp.asarray(SOURCE)
+  decode = lambda stages: np.asarray(evaluate.decode_batch(
+      params, source, model=model, beam_size=beam_size, alpha=0.6, extra_length=6, cache_stages=stages))
+  whole = decode(())
+  np.testing.assert_array_equal(decode((2, 4, 8)), whole)  # 11 steps in 4 stages.
+  if beam_size > 1:
+    reference = beam_search_with_memory_per_beam(model, params, source, beam_size, 0.6, 6)
+    np.testing.assert_array_equal(whole, reference)
+  else:
+    assert [strip(row) for row in whole] == uncached_greedy(model, params, SOURCE, extra_length=6)
+  assert len({len(strip(row)) for row in whole}) > 1  # Sentences end at different steps.
 
 
 def test_translate_keeps_every_line_in_order_with_blank_lines(multi30k_dir, tmp_path):

@@ -189,3 +189,24 @@ def test_bad_config_raises(field, value, match):
   kwargs = {'vocab_size': VOCAB, **TINY, field: value}
   with pytest.raises(ValueError, match=match):
     model_lib.ModelConfig(**kwargs)
+
+
+def test_grow_decoding_cache_pads_self_attention_positions_only():
+  model = make_model()
+  params = init_params(model)
+  source_segment_ids = (SOURCE != 0).astype(np.int32)
+  memory = model.apply({'params': params}, SOURCE, method='encode')
+  _, variables = model.apply({'params': params}, memory, source_segment_ids, 3, 2, method='init_cache',
+                             mutable=['cache'])
+  cache = variables['cache']
+  grown = model_lib.grow_decoding_cache(cache, 7)
+  layer, grown_layer = cache['decoder']['layer_0'], grown['decoder']['layer_0']
+  self_key = layer['self_attention']['cached_key']
+  rows = 2 * SOURCE.shape[0]  # beam_size 2.
+  assert self_key.shape == (rows, model.cfg.num_heads, 3, model.cfg.d_k)
+  assert grown_layer['self_attention']['cached_key'].shape == (
+      rows, model.cfg.num_heads, 7, model.cfg.d_k)
+  assert grown_layer['encoder_decoder_attention']['cached_value'].shape == (
+      SOURCE.shape[0], model.cfg.num_heads, SOURCE.shape[1], model.cfg.d_v)  # One row per sentence.
+  with pytest.raises(ValueError, match='cannot shrink a decoding cache of 3 positions to 2'):
+    model_lib.grow_decoding_cache(cache, 2)

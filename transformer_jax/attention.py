@@ -124,6 +124,18 @@ def causal_mask(length: int) -> Array:
   return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None, :, :]
 
 
+def attention_product_dtype(dtype: Any) -> jnp.dtype:
+  """The dtype the attention products (Q K^T and weights x V) multiply in, for a compute dtype.
+
+  The compute dtype, except on XLA:CPU, which has no batched bf16 x bf16 -> float32 product ("DotThunk"):
+  there they run in float32 (attention is a small share of the FLOPs), and decoding caches are stored in
+  float32 so that no step converts them.
+  """
+  if jax.default_backend() == 'cpu':
+    return jnp.dtype(jnp.float32)
+  return jnp.dtype(dtype)
+
+
 def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | None, *,
                           dropout_rate: float = 0.0, dropout_rng: Array | None = None,
                           deterministic: bool = True) -> tuple[Array, Array]:
@@ -154,9 +166,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
   if key.shape[1] != value.shape[1]:
     raise ValueError(f'key length {key.shape[1]} differs from value length {value.shape[1]}')
   out_dtype = value.dtype
-  if jax.default_backend() == 'cpu' and query.dtype != jnp.float32:
-    # XLA:CPU has no batched bf16 x bf16 -> float32 dot ("DotThunk"); attention is a small share there.
-    query, key, value = (x.astype(jnp.float32) for x in (query, key, value))
+  product_dtype = attention_product_dtype(query.dtype)
+  query, key, value = (x.astype(product_dtype) for x in (query, key, value))
   query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
   scores = einsum('bqhd,bkhd->bhqk', query, key, jnp.float32)  # [batch, num_heads, q_len, kv_len]
   if mask is not None:
@@ -191,7 +202,9 @@ class MultiHeadAttention(nn.Module):
   §3.2.2, with num_heads, d_k and d_v independent (Table 3 rows A and B). The projections have no bias,
   as in the paper's equations. In decoding mode (`decode=True`) a self-attention layer appends each step's
   key and value to a cache; a cross-attention layer projects the encoder output once per sentence and keeps
-  the result in the cache (`cross_attention=True`).
+  the result in the cache (`cross_attention=True`). Cached keys and values are stored heads-first,
+  [batch, num_heads, length, d_k or d_v]: the layout the per-step attention products read in place (stored
+  [batch, length, num_heads, d], XLA:CPU transposed the whole cache at every step, 4x slower).
 
   Attributes:
     num_heads: h.
@@ -228,6 +241,9 @@ class MultiHeadAttention(nn.Module):
         cross-attention.
       mask: bool broadcastable to [batch, num_heads, q_len, kv_len], or None. In decoding mode a
         self-attention layer builds its causal mask itself and ignores this.
+        In decoding mode a cross-attention layer also takes `inputs_kv` with fewer rows, batch / n: then
+        n consecutive query rows (the beams of one sentence) share each memory row, and the mask is
+        broadcastable to [batch / n, num_heads, n * q_len, kv_len].
       deterministic: disables dropout.
       decode: incremental decoding with the 'cache' collection (q_len is 1 after the cache exists).
 
@@ -237,16 +253,25 @@ class MultiHeadAttention(nn.Module):
     d_model = inputs_q.shape[-1]
     query = self._project(inputs_q, self.d_k, 'query')  # [batch, q_len, num_heads, d_k]
     if decode and self.cross_attention and self.has_variable('cache', 'cached_key'):
-      key = self.get_variable('cache', 'cached_key')
-      value = self.get_variable('cache', 'cached_value')
+      key = jnp.swapaxes(self.get_variable('cache', 'cached_key'), 1, 2)
+      value = jnp.swapaxes(self.get_variable('cache', 'cached_value'), 1, 2)
     else:
       key = self._project(inputs_kv, self.d_k, 'key')      # [batch, kv_len, num_heads, d_k]
       value = self._project(inputs_kv, self.d_v, 'value')  # [batch, kv_len, num_heads, d_v]
       if decode and self.cross_attention:
-        self.put_variable('cache', 'cached_key', key)
-        self.put_variable('cache', 'cached_value', value)
+        cache_dtype = attention_product_dtype(self.dtype)
+        self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(cache_dtype))
+        self.put_variable('cache', 'cached_value', jnp.swapaxes(value, 1, 2).astype(cache_dtype))
       elif decode:
         key, value, mask = self._update_self_attention_cache(key, value, mask)
+
+    rows, q_len = query.shape[:2]
+    if key.shape[0] != rows:
+      # Decoding: the hypotheses (beams) of a sentence are consecutive query rows and share its memory row;
+      # fold them into the query length instead of copying the memory for every beam.
+      if not (decode and self.cross_attention and rows % key.shape[0] == 0):
+        raise ValueError(f'{rows} query rows cannot attend to {key.shape[0]} key rows')
+      query = query.reshape(key.shape[0], rows // key.shape[0] * q_len, *query.shape[2:])
 
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
@@ -258,6 +283,7 @@ class MultiHeadAttention(nn.Module):
           query, key, value, mask, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
           deterministic=deterministic)
       self.sow('intermediates', 'attention_weights', weights)
+    output = output.reshape(rows, q_len, *output.shape[2:])
     init = default_kernel_init(in_axis=(0, 1), out_axis=2)
     kernel = self.param('output', nn.with_logical_partitioning(init, (sharding.HEADS, sharding.KV, sharding.EMBED)),
                         (self.num_heads, self.d_v, d_model))  # W^O
@@ -270,17 +296,20 @@ class MultiHeadAttention(nn.Module):
     [batch, max_decode_length, ...] shapes and stores zeros; later calls see one position.
     """
     is_initialized = self.has_variable('cache', 'cached_key')
-    cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, length, heads, d] <-> [batch, heads, length, d]
+    dtype = attention_product_dtype(self.dtype)
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, heads_first(key).shape, dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, heads_first(value).shape, dtype)
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32))
     if not is_initialized:
       return key, value, mask
-    batch, max_length, num_heads, _ = cached_key.value.shape
+    max_length = cached_key.value.shape[2]
     if key.shape[1] != 1:
       raise ValueError(f'decoding takes one position per step, got {key.shape[1]}')
     index = cache_index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    update = lambda cache, x: jax.lax.dynamic_update_slice(cache, heads_first(x).astype(dtype), (0, 0, index, 0))
+    cached_key.value = update(cached_key.value, key)
+    cached_value.value = update(cached_value.value, value)
     cache_index.value = index + 1
     mask = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
-    return cached_key.value, cached_value.value, mask
+    return heads_first(cached_key.value), heads_first(cached_value.value), mask

@@ -39,9 +39,13 @@ def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
   return summarize_metrics(jax.device_get(totals))
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length'))
+# Decoding grows the self-attention cache through these lengths (decoding.beam_search's cache_stages).
+CACHE_STAGES = (16, 32, 64, 128, 256)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length', 'cache_stages'))
 def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int,
-                 alpha: float, extra_length: int) -> Array:
+                 alpha: float, extra_length: int, cache_stages: tuple[int, ...] = CACHE_STAGES) -> Array:
   """Translates one batch: encoder once, then cached beam search (or greedy when beam_size is 1).
 
   The maximum output length is the source length (tokens, EOS included) + extra_length (§6.1: +50).
@@ -53,6 +57,8 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
     beam_size: hypotheses kept per sentence; 1 runs greedy decoding.
     alpha: length penalty exponent.
     extra_length: extra output tokens allowed beyond the source length.
+    cache_stages: decoded lengths at which the self-attention cache grows (the search compiles one loop
+      per stage below the maximum length); () keeps the whole length from the start. Same output.
 
   Returns:
     int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS.
@@ -62,12 +68,11 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
   memory = model.apply({'params': params}, source_tokens, source_segment_ids, method='encode')
   max_steps = source_length + extra_length
   max_decode_lengths = jnp.sum(source_segment_ids, axis=-1) + extra_length  # [batch]
-  if beam_size > 1:
-    memory, source_segment_ids = decoding.expand_to_beams((memory, source_segment_ids), beam_size)
-  _, variables = model.apply({'params': params}, memory, source_segment_ids, max_steps,
-                             method='init_cache', mutable=['cache'])
-  # The encoder-decoder attention K/V are the same for every beam of a sentence and never change: keep them
-  # out of the search's cache, which beam search reorders (copies) at every step.
+  cache_stages = tuple(n for n in cache_stages if n < max_steps)
+  _, variables = model.apply({'params': params}, memory, source_segment_ids, min(cache_stages or (max_steps,)),
+                             beam_size, method='init_cache', mutable=['cache'])
+  # The encoder-decoder attention K/V never change: keep them out of the search's cache, which beam
+  # search reorders (copies) at every step.
   fixed, cache = _split_cache(variables['cache'])
 
   def step_fn(last_tokens, cache):
@@ -76,13 +81,12 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
         last_tokens[:, None], memory, source_segment_ids, decode=True, method='decode', mutable=['cache'])
     return logits[:, 0, :], _split_cache(new_variables['cache'])[1]
 
-  special = dict(eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID)
+  common = dict(batch_size=batch_size, max_decode_lengths=max_decode_lengths, max_steps=max_steps,
+                eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID,
+                cache_stages=cache_stages, grow_cache=model_lib.grow_decoding_cache)
   if beam_size == 1:
-    return decoding.greedy_search(step_fn, cache, batch_size=batch_size,
-                                  max_decode_lengths=max_decode_lengths, max_steps=max_steps, **special)
-  tokens, _ = decoding.beam_search(step_fn, cache, batch_size=batch_size, beam_size=beam_size,
-                                   alpha=alpha, max_decode_lengths=max_decode_lengths,
-                                   max_steps=max_steps, **special)
+    return decoding.greedy_search(step_fn, cache, **common)
+  tokens, _ = decoding.beam_search(step_fn, cache, beam_size=beam_size, alpha=alpha, **common)
   return tokens[:, 0, :]
 
 

@@ -3,7 +3,7 @@
 Token id 0 is padding (tokenizer.PAD_ID); unpacked batches derive their segment ids from it.
 """
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
@@ -69,6 +69,35 @@ class ModelConfig:
 def segment_ids_from_tokens(tokens: Array) -> Array:
   """int32 [batch, length]: 1 on real tokens, 0 on padding (id 0)."""
   return (tokens != 0).astype(jnp.int32)
+
+
+def grow_decoding_cache(cache: Any, length: int) -> Any:
+  """Enlarges every self-attention K/V cache of a 'cache' collection to hold `length` positions.
+
+  Self-attention caches are the modules with a `cache_index`; their `cached_key`/`cached_value` are
+  [rows, num_heads, positions, d] (`attention.MultiHeadAttention`). The new positions are zeros, masked
+  until decoding writes them. Other entries (encoder-decoder K/V, indices) are returned as they are.
+
+  Args:
+    cache: the 'cache' collection of a Transformer, or a part of it (nested dicts).
+    length: positions to hold.
+
+  Returns:
+    The same structure.
+
+  Raises:
+    ValueError: if a cache already holds more than `length` positions.
+  """
+  if not isinstance(cache, Mapping):
+    return cache
+  if 'cache_index' not in cache:
+    return {name: grow_decoding_cache(value, length) for name, value in cache.items()}
+
+  def grow(x):
+    if x.shape[2] > length:
+      raise ValueError(f'cannot shrink a decoding cache of {x.shape[2]} positions to {length}')
+    return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
+  return {name: grow(value) if name in ('cached_key', 'cached_value') else value for name, value in cache.items()}
 
 
 class Embedder(nn.Module):
@@ -140,7 +169,10 @@ class Decoder(nn.Module):
         target_positions = jnp.full(decoder_input_tokens.shape, position.value, dtype=jnp.int32)
         position.value = position.value + 1
         target_segment_ids = jnp.ones_like(decoder_input_tokens, dtype=jnp.int32)
-    memory_mask = attention.padding_mask(target_segment_ids, source_segment_ids)
+    if decode:  # Unpacked sentences; the beams of a sentence share its memory row (see MultiHeadAttention).
+      memory_mask = (source_segment_ids != 0)[:, None, None, :]  # [memory rows, 1, 1, src_len]
+    else:
+      memory_mask = attention.padding_mask(target_segment_ids, source_segment_ids)
     x = Embedder(cfg, self.embedding, name='embedder')(decoder_input_tokens, target_positions, deterministic)
     remat = cfg.remat and not decode
     layer_cls = nn.remat(layers.DecoderLayer, static_argnums=(5, 6)) if remat else layers.DecoderLayer
@@ -191,8 +223,8 @@ class Transformer(nn.Module):
 
     Args:
       decoder_input_tokens: int32 [batch, tgt_len]: BOS then the target shifted right; [batch, 1] per
-        step when decode=True.
-      memory: encoder output [batch, src_len, d_model].
+        step when decode=True, where batch is sentences x beam_size of `init_cache`.
+      memory: encoder output [batch, src_len, d_model]; with decode=True, one row per sentence.
       source_segment_ids: int32 [batch, src_len] (0 = padding).
       target_segment_ids, target_positions: int32 [batch, tgt_len] for packed rows, else None.
       deterministic: disables dropout.
@@ -207,12 +239,23 @@ class Transformer(nn.Module):
     logits = attention.einsum('btm,vm->btv', x, embedding, jnp.float32)
     return nn.with_logical_constraint(logits, (sharding.BATCH, sharding.LENGTH, sharding.VOCAB))
 
-  def init_cache(self, memory: Array, source_segment_ids: Array, max_decode_length: int) -> None:
-    """Creates the decoding cache: empty self-attention K/V of max_decode_length positions per layer,
-    and the encoder-decoder attention K/V projected from `memory` once. Apply with mutable=['cache'];
-    under jit the dummy decoder pass this takes is dead code and compiled away."""
-    batch = memory.shape[0]
-    self.decode(jnp.zeros((batch, max_decode_length), jnp.int32), memory, source_segment_ids, decode=True)
+  def init_cache(self, memory: Array, source_segment_ids: Array, max_decode_length: int,
+                 beam_size: int = 1) -> None:
+    """Creates the decoding cache. Apply with mutable=['cache'].
+
+    The self-attention K/V of each layer get max_decode_length empty positions for each of the
+    batch * beam_size hypotheses (rows b*beam_size .. b*beam_size + beam_size - 1 belong to sentence b);
+    the encoder-decoder attention K/V are projected from `memory` once per sentence and shared by its beams.
+    Under jit the dummy decoder pass this takes is dead code and compiled away.
+
+    Args:
+      memory: encoder output [batch, src_len, d_model].
+      source_segment_ids: int32 [batch, src_len] (0 = padding; unpacked).
+      max_decode_length: positions of the self-attention cache.
+      beam_size: hypotheses per sentence; decode then takes [batch * beam_size, 1] tokens per step.
+    """
+    rows = memory.shape[0] * beam_size
+    self.decode(jnp.zeros((rows, max_decode_length), jnp.int32), memory, source_segment_ids, decode=True)
 
   def __call__(self, source_tokens: Array, decoder_input_tokens: Array,
                source_segment_ids: Array | None = None, target_segment_ids: Array | None = None,
