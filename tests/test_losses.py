@@ -35,7 +35,9 @@ def test_uniform_logits_hand_computed():
   assert float(sums['token_count']) == 2.0
   assert float(sums['loss_sum']) == pytest.approx(2 * 0.9513502, abs=2e-6)
   assert float(sums['nll_sum']) == pytest.approx(2 * math.log(4), abs=2e-6)
-  assert float(sums['correct_sum']) == 1.0  # argmax of a tie is token 0: right for the first target only.
+  assert float(sums['correct_sum']) == 2.0  # Every token ties for the highest logit; a tie counts as correct.
+  logits = logits.at[0, 1, 3].set(0.5)  # Now token 3 beats the second target (2).
+  assert float(losses.smoothed_cross_entropy(logits, targets, weights, 0.1)['correct_sum']) == 1.0
 
 
 def random_batch(seed=0, batch=2, length=5, vocab_size=7):
