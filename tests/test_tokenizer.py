@@ -98,6 +98,12 @@ def test_bad_arguments(tmp_path):
     tokenizer_lib.train_or_load(tmp_path, None, 1000, model_type='wordpiece')
   with pytest.raises(ValueError, match='vocab_size must be positive, got 0'):
     tokenizer_lib.train_or_load(tmp_path, None, 0)
+  sentences = lambda: ['A man rides a bike.', 'Ein Mann fährt Rad.'] * 20
+  with pytest.raises(ValueError, match=r'data.vocab_size=100 does not fit this corpus: .*smaller than required'):
+    tokenizer_lib.train_or_load(tmp_path, sentences, 100)  # Fewer than 256 bytes + characters + specials.
+  with pytest.raises(ValueError, match=r'data.vocab_size=5000 does not fit this corpus: .*too high'):
+    tokenizer_lib.train_or_load(tmp_path, sentences, 5000)
+  assert not list(tmp_path.iterdir())  # Nothing written.
 
 
 def test_sampled_training_is_reproducible(multi30k_dir, tmp_path):

@@ -137,7 +137,8 @@ def train_or_load(workdir: str | os.PathLike[str],
     The loaded Tokenizer.
 
   Raises:
-    ValueError: for an unknown model_type or a non-positive vocab_size.
+    ValueError: for an unknown model_type, a non-positive vocab_size, or one the corpus cannot fill or
+      that is smaller than its characters plus the special and byte pieces (naming data.vocab_size).
     TimeoutError: if the file does not appear within timeout_secs on a process other than 0.
   """
   if model_type not in ('bpe', 'unigram'):
@@ -148,7 +149,12 @@ def train_or_load(workdir: str | os.PathLike[str],
   if not path.exists() and process_index == 0:
     texts = sentences()
     start = time.perf_counter()
-    proto = _train(texts, vocab_size, model_type, max_sentences)
+    try:
+      proto = _train(texts, vocab_size, model_type, max_sentences)
+    except RuntimeError as e:  # SentencePiece reports a size that does not fit the corpus as a RuntimeError.
+      if 'ocabulary size' not in str(e):
+        raise
+      raise ValueError(f'data.vocab_size={vocab_size} does not fit this corpus: {e}') from e
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f'{path.name}.tmp-{os.getpid()}'
     tmp.write_bytes(proto)
