@@ -68,3 +68,25 @@ def test_feed_forward_bfloat16_compute_keeps_float32_params():
   params = module.init(jax.random.key(0), x)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.unbox(params)))
   assert module.apply(params, x).dtype == jnp.bfloat16
+
+
+def test_feed_forward_bfloat16_bias_gradients_are_float32_sums():
+  # A bias gradient sums over every token. Summed in bf16 over these 2,048 tokens, b2's gradient was 1.0%
+  # off the float32 module's (relative L2); added to the float32 accumulator it is 0.11% off. b1's error
+  # (2%) comes from bf16 inputs moving units across the ReLU, as it did before.
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(4, 512, 16)), jnp.float32)
+  cotangent = jnp.asarray(rng.normal(size=(4, 512, 16)), jnp.float32)
+  params = nn.unbox(layers.FeedForward(64).init(jax.random.key(0), x))['params']
+  params['b1'] = jnp.full((64,), 0.1)
+
+  def grads(dtype):
+    module = layers.FeedForward(64, dtype=dtype)
+    loss = lambda p: jnp.sum(module.apply({'params': p}, x.astype(dtype)).astype(jnp.float32) * cotangent)
+    return jax.grad(loss)(params)
+
+  got, want = grads(jnp.bfloat16), grads(jnp.float32)
+  error = lambda name: float(jnp.linalg.norm(got[name] - want[name]) / jnp.linalg.norm(want[name]))
+  assert got['b2'].dtype == got['b1'].dtype == jnp.float32
+  assert error('b2') < 3e-3
+  assert error('b1') < 3e-2
