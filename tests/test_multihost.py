@@ -21,6 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from transformer_jax import evaluate
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -62,6 +63,17 @@ def _random_state(model, tx, mesh, rules, batch):
   return jax.device_put(state, shardings), shardings
 
 
+def _translate(s, params, num_sentences=10) -> list[list[int]]:
+  """Beam search over the first sentences of the corpus, each process feeding its rows of every batch."""
+  source = input_pipeline.Ragged.from_lists(_corpus()[0][:num_sentences])
+  batches = input_pipeline.eval_batches(
+      source, source, tokens_per_batch=64, max_length=s.config.data.max_length, bucket_lengths=(16,),
+      batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
+  outputs = evaluate.decode_all(params, batches, num_sentences, model=s.model, beam_size=2, alpha=0.6,
+                                extra_length=2, batch_sharding=sharding.batch_sharding(s.mesh))
+  return [row.tolist() for row in outputs]
+
+
 def _worker_main() -> None:
   """One process of a (possibly multi-process) run; writes its figures as JSON to --out."""
   parser = argparse.ArgumentParser()
@@ -98,10 +110,11 @@ def _worker_main() -> None:
     for batch in batches[:args.steps]:
       state, metrics = train_fn(state, s.device_batch(batch))
       losses.append(float(metrics['loss_sum'] / metrics['token_count']))
+    translations = _translate(s, state.params) if not args.steps else []
   result = {'joined': joined, 'process_index': jax.process_index(), 'process_count': jax.process_count(),
             'device_count': jax.device_count(), 'local_rows': [len(b['source_tokens']) for b in batches],
             'eval_loss': float(sums['loss_sum'] / sums['token_count']), 'eval_tokens': float(sums['token_count']),
-            'train_losses': losses}
+            'train_losses': losses, 'translations': translations}
   pathlib.Path(args.out).write_text(json.dumps(result))
   if joined:
     jax.distributed.shutdown()
@@ -158,8 +171,11 @@ def _check_against_one_process(tmp_path, steps):
   return pair, single
 
 
-def test_two_processes_evaluate_like_one(tmp_path):
-  _check_against_one_process(tmp_path, steps=0)
+def test_two_processes_evaluate_and_translate_like_one(tmp_path):
+  pair, single = _check_against_one_process(tmp_path, steps=0)
+  # Each process fed its half of every batch of 4 rows (the last one half padding) and got every row back.
+  assert len(single['translations']) == 10 and len({tuple(t) for t in single['translations']}) > 1
+  assert pair[0]['translations'] == pair[1]['translations'] == single['translations']
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import pytest
 
 from transformer_jax import aot
 from transformer_jax import checkpoints
+from transformer_jax import evaluate
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
@@ -211,6 +212,25 @@ def test_sharded_train_steps_match_one_device(layout, initial_state, single_devi
   else:
     assert out_query.shard_shape((32, 4, 8)) == (32, 2, 8)
     assert counts['all-reduce'] > 0  # Gradients over 'data', partial activations over 'tensor'.
+
+
+@pytest.mark.parametrize('layout', [dict(data=4, tensor=2), dict(fsdp=8)], ids=['data4_tensor2', 'fsdp8'])
+def test_sharded_beam_search_matches_one_device(layout, initial_state):
+  source = make_batch()['source_tokens'][:8]  # Even rows end in padding.
+  batches = [{'source_tokens': source, 'example_index': np.arange(8, dtype=np.int32)}]
+
+  def decode(mesh_cfg, devices=None):
+    mesh, rules = sharding.make_mesh(mesh_cfg, devices), sharding.logical_axis_rules(mesh_cfg)
+    _, state_sharding = abstract_state(mesh, rules)
+    params = jax.device_put(initial_state.params, state_sharding.params)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return evaluate.decode_all(params, batches, 8, model=MODEL, beam_size=2, alpha=0.6, extra_length=3,
+                                 batch_sharding=sharding.batch_sharding(mesh))
+
+  expected = decode(mesh_config(), jax.devices()[:1])
+  assert len({tuple(row) for row in expected}) > 1
+  for got, want in zip(decode(mesh_config(**layout)), expected):
+    np.testing.assert_array_equal(got, want)
 
 
 def test_checkpoint_saved_on_8_devices_restores_on_4_and_1(tmp_path, initial_state):

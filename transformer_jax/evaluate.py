@@ -9,6 +9,7 @@ from typing import Any, Iterable
 
 import flax
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
@@ -102,33 +103,53 @@ def _split_cache(cache) -> tuple[dict, Any]:
   return fixed, flax.traverse_util.unflatten_dict(rest)
 
 
-def translate(params: Any, batches: Iterable[dict[str, np.ndarray]], tokenizer: tokenizer_lib.Tokenizer,
-              num_sentences: int, *, model: model_lib.Transformer, beam_size: int, alpha: float,
-              extra_length: int) -> list[str]:
-  """Decodes every sentence of `batches` and returns detokenised text in the original order.
+def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_sentences: int, *,
+               model: model_lib.Transformer, beam_size: int, alpha: float, extra_length: int,
+               batch_sharding: jax.sharding.Sharding | None = None) -> list[np.ndarray]:
+  """The best hypothesis of every sentence of `batches`, in the original order.
+
+  With `batch_sharding`, each batch holds this process's rows of a global batch (`input_pipeline.eval_batches`
+  with process_index/process_count): the rows become one global array split over the devices of every
+  process, the search runs on all of them together, and every process receives every row back. Without it,
+  the batch is decoded on the default device (one process).
 
   Args:
-    params: model parameters (e.g. an average of checkpoints).
+    params: model parameters (e.g. an average of checkpoints), placed or sharded as for training.
     batches: eval batches with `source_tokens` and `example_index` (-1 on padding rows).
-    tokenizer: the shared vocabulary.
-    num_sentences: number of input lines; every one gets exactly one output line.
+    num_sentences: number of sentences; every one must receive an output.
     model, beam_size, alpha, extra_length: see `decode_batch`.
+    batch_sharding: the sharding of a global batch over the data axes (`sharding.batch_sharding`), or None.
 
   Returns:
-    num_sentences strings ('' for an empty input line).
+    num_sentences int32 arrays [src_len + extra_length] of token ids, PAD after EOS.
 
   Raises:
-    ValueError: if some line received no translation (a batching bug, never silently tolerated).
+    ValueError: if some sentence received no output (a batching bug, never silently tolerated).
   """
-  outputs: list[str | None] = [None] * num_sentences
+  outputs: list[np.ndarray | None] = [None] * num_sentences
   for batch in batches:
-    tokens = np.asarray(decode_batch(params, jnp.asarray(batch['source_tokens']), model=model,
-                                     beam_size=beam_size, alpha=alpha, extra_length=extra_length))
-    rows = np.flatnonzero(batch['example_index'] >= 0)
-    texts = tokenizer.decode([tokens[r] for r in rows])
-    for r, text in zip(rows, texts):
-      outputs[int(batch['example_index'][r])] = text
-  missing = [i for i, text in enumerate(outputs) if text is None]
+    if batch_sharding is None:
+      source, index = jnp.asarray(batch['source_tokens']), batch['example_index']
+    else:
+      source, index = (jax.make_array_from_process_local_data(batch_sharding, batch[key])
+                       for key in ('source_tokens', 'example_index'))
+    tokens = decode_batch(params, source, model=model, beam_size=beam_size, alpha=alpha,
+                          extra_length=extra_length)
+    # Every row, on every process, in the same global order for the tokens and their sentence indices.
+    tokens, index = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
+    for row in np.flatnonzero(index >= 0):
+      outputs[int(index[row])] = tokens[row]
+  missing = [i for i, tokens in enumerate(outputs) if tokens is None]
   if missing:
-    raise ValueError(f'{len(missing)} lines got no translation, first at line {missing[0] + 1}')
+    raise ValueError(f'{len(missing)} sentences got no translation, first at line {missing[0] + 1}')
   return outputs
+
+
+def translate(params: Any, batches: Iterable[dict[str, np.ndarray]], tokenizer: tokenizer_lib.Tokenizer,
+              num_sentences: int, **kwargs) -> list[str]:
+  """`decode_all` (same arguments after `tokenizer`), detokenised: num_sentences strings ('' for an empty line).
+
+  Raises:
+    ValueError: if some line received no translation.
+  """
+  return tokenizer.decode(decode_all(params, batches, num_sentences, **kwargs))

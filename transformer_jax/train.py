@@ -427,7 +427,8 @@ def translate_ids(s: Setup, params, source_ids, target_ids=None) -> list[str]:
   decode_cfg = s.config.decode
   return evaluate_lib.translate(params, batches, s.tokenizer, len(source_ids), model=s.model,
                                 beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha,
-                                extra_length=decode_cfg.extra_length)
+                                extra_length=decode_cfg.extra_length,
+                                batch_sharding=sharding.batch_sharding(s.mesh))
 
 
 def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
