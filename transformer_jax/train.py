@@ -188,8 +188,11 @@ class _Progress:
     summary = evaluate_lib.summarize_metrics(sums)
     steps_per_sec = (step - self.step) / (now - self.time)
     remaining = (self.s.config.train.num_train_steps - step) / max(steps_per_sec, 1e-9)
+    tokens = self.tokens  # This process's rows; every process reports at the same step, so sum them.
+    if jax.process_count() > 1:
+      tokens = int(np.sum(multihost_utils.process_allgather(np.int64(tokens))))
     summary |= {'learning_rate': float(self.s.schedule(step - 1)), 'steps_per_sec': steps_per_sec,
-                'tokens_per_sec': self.tokens / (now - self.time), 'skipped_steps': float(sums['skipped_steps'])}
+                'tokens_per_sec': tokens / (now - self.time), 'skipped_steps': float(sums['skipped_steps'])}
     logging.info('step %d/%d | loss %.4f | nll %.4f | acc %.3f | lr %.3g | %.2f steps/s | %.0f tokens/s | '
                  '%s left', step, self.s.config.train.num_train_steps, summary['loss'], summary['nll'],
                  summary['accuracy'], summary['learning_rate'], steps_per_sec, summary['tokens_per_sec'],
