@@ -13,8 +13,9 @@ Conventions shared by both searches:
     `bos_id`, `pad_id` static.
 
 Both searches can grow the cache in stages (`cache_stages`, `grow_cache`): a cache that holds only the
-positions decoded so far makes every step read and reorder less (3 doubling stages make an 82-step search
-~1.4x faster on a CPU), at the price of compiling the loop once per stage.
+positions decoded so far makes every step read and reorder less, at the price of compiling the loop once
+per stage. Measured on a 2-vCPU CPU with stages (16, 32, 64): an 82-step search of 16 sentences 1.34x
+faster, the 1,000 Multi30k test sentences (which stop early) 1.8x (36.2 s -> 20.5 s, compilation apart).
 
 `step_fn(last_tokens, cache) -> (logits, new_cache)` takes int32 [rows] and returns logits float32
 [rows, vocab], where rows is batch_size * beam_size (beam search) or batch_size (greedy). Every cache
