@@ -24,13 +24,17 @@ def get_config() -> ml_collections.ConfigDict:
       d_v=64,
       dropout_rate=0.1,               # §5.4 P_drop.
       attention_dropout_rate=0.0,     # Not in the paper; kept for ablations.
-      position_embedding='sinusoidal',  # §3.5; 'learned' is Table 3 row E.
-      layer_norm_position='post',     # §3.1: LayerNorm(x + Sublayer(x)); 'pre' is an option.
+      position_embedding='sinusoidal',  # §3.5; 'learned' is Table 3 row E; 'rope': rotary (Su et al., 2021).
+      layer_norm_position='post',     # §3.1: LayerNorm(x + Sublayer(x)); 'pre' (Xiong et al., 2020) adds a final norm.
       scale_embeddings=True,          # §3.4: multiply embeddings by sqrt(d_model).
       max_length=256,                 # Longest position a learned embedding table holds.
       dtype='float32',                # Compute dtype; 'bfloat16' on accelerators. Params stay float32.
       attention_impl='xla',           # 'xla' (einsum) or 'fused' (jax.nn.dot_product_attention).
       remat=False,                    # Rematerialise each layer in the backward pass (memory for big).
+      # Later variants, not in the paper (Table 3 rows M*, configs/table3.py); the defaults are the paper's.
+      norm='layer_norm',              # 'rms_norm': RMSNorm, no bias or mean subtraction (Zhang & Sennrich, 2019).
+      feed_forward='relu',            # §3.3 ReLU; 'gelu'; gated 'swiglu' / 'geglu' (Shazeer, 2020).
+      num_kv_heads=ml_collections.config_dict.placeholder(int),  # None: num_heads; 1: multi-query; else grouped.
   ))
 
   config.data = ml_collections.ConfigDict(dict(
@@ -71,6 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
       max_checkpoints_to_keep=20,     # §6.1 averages the last 20 checkpoints for big.
       on_nonfinite='stop',            # 'stop' or 'skip' the update when loss or gradients are non-finite.
       translate_at_end=True,          # Decode the test split with beam search and print BLEU after training.
+      eval_bleu_every_steps=0,        # Validation BLEU (eval.bleu_beam_size) every this many steps; 0: never.
   ))
 
   config.decode = ml_collections.ConfigDict(dict(
@@ -81,6 +86,13 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.eval = ml_collections.ConfigDict(dict(
       average_last_n=5,               # §6.1: base averages the last 5 checkpoints (written every 10 min).
+      # Which parameters the final evaluation uses: 'average_last' (§6.1: the mean of the last
+      # average_last_n checkpoints), 'best' (the checkpoint with the best validation BLEU) or
+      # 'average_best' (the mean of the average_best_n best by validation BLEU). The last two need
+      # train.eval_bleu_every_steps > 0; <workdir>/best_checkpoints keeps the average_best_n best.
+      checkpoint_selection='average_last',
+      average_best_n=5,
+      bleu_beam_size=0,               # Beam of the validation BLEU during training; 0: decode.beam_size, 1: greedy.
   ))
 
   # Device mesh: -1 fills the remaining devices. Logical axis rules map the model's names onto mesh axes.
@@ -94,6 +106,7 @@ def get_config() -> ml_collections.ConfigDict:
           ('embed', 'fsdp'),
           ('vocab', 'tensor'),
           ('heads', 'tensor'),
+          ('kv_heads', None),           # Fewer K/V heads than heads (model.num_kv_heads): replicated.
           ('kv', None),
           ('mlp', 'tensor'),
       ),

@@ -31,6 +31,18 @@ checkpoint averaging, parameters in millions (the paper lists a count only for b
   big   d_model=1024 d_ff=4096 h=16 P_drop=0.3, 300k steps
                                             4.33  26.4  213
 
+Rows (F) are not in the paper: later variants, each a single change to base (F8 combines them as current
+models do). Parameters at vocabulary 37,000 (base 63.05M), from --mode=summary:
+
+  F1    pre-LN, a final norm per stack (Xiong et al., 2020)                        63.05M
+  F2    RMSNorm instead of LayerNorm (Zhang & Sennrich, 2019)                      63.03M
+  F3    rotary positions in self-attention (Su et al., 2021)                       63.05M
+  F4    SwiGLU feed-forward, d_ff=1365 (Shazeer, 2020)                             63.01M
+  F5    GeGLU feed-forward, d_ff=1365 (Shazeer, 2020)                              63.01M
+  F6    multi-query attention, 1 K/V head (Shazeer, 2019)                          54.79M
+  F7    grouped-query attention, 2 K/V heads (Ainslie et al., 2023)                55.97M
+  F8    F1 + F2 + F3 + F4 + F7: pre-RMSNorm, RoPE, SwiGLU, GQA                     55.92M
+
 Run from the repository root, so that `configs` is importable.
 """
 import ml_collections
@@ -38,9 +50,9 @@ import ml_collections
 from configs import base
 from configs import big
 
-# Overrides of base, keyed by dotted config path. Table 3 rows (A) keep h * d_k = d_model (constant compute,
+# The paper's rows: overrides of base, keyed by dotted config path. Table 3 rows (A) keep h * d_k = d_model (constant compute,
 # §3.2.2); rows (B) change d_k only, so d_v stays 64.
-ROWS = {
+PAPER_ROWS = {
     'base': {},
     'A1': {'model.num_heads': 1, 'model.d_k': 512, 'model.d_v': 512},
     'A2': {'model.num_heads': 4, 'model.d_k': 128, 'model.d_v': 128},
@@ -62,6 +74,35 @@ ROWS = {
     # Learned positions must cover decoding: data.max_length + decode.extra_length = 256 + 50.
     'E': {'model.position_embedding': 'learned', 'model.max_length': 306},
     'big': {},  # configs/big.py.
+}
+
+# Later variants (not in the paper), each one change to base except F8. Gated FFNs use d_ff = 2/3 * 2048 so that
+# their three matrices hold the parameters of the paper's two.
+_GATED_D_FF = 2048 * 2 // 3
+VARIANT_ROWS = {
+    'F1': {'model.layer_norm_position': 'pre'},
+    'F2': {'model.norm': 'rms_norm'},
+    'F3': {'model.position_embedding': 'rope'},
+    'F4': {'model.feed_forward': 'swiglu', 'model.d_ff': _GATED_D_FF},
+    'F5': {'model.feed_forward': 'geglu', 'model.d_ff': _GATED_D_FF},
+    'F6': {'model.num_kv_heads': 1},
+    'F7': {'model.num_kv_heads': 2},
+    'F8': {'model.layer_norm_position': 'pre', 'model.norm': 'rms_norm', 'model.position_embedding': 'rope',
+           'model.feed_forward': 'swiglu', 'model.d_ff': _GATED_D_FF, 'model.num_kv_heads': 2},
+}
+ROWS = PAPER_ROWS | VARIANT_ROWS
+
+# What each row changes, for reports (transformer_jax.report) and --mode=summary readers.
+NOTES = {
+    'base': 'the base model', 'A1': 'h=1, d_k=d_v=512', 'A2': 'h=4, d_k=d_v=128', 'A3': 'h=16, d_k=d_v=32',
+    'A4': 'h=32, d_k=d_v=16', 'B1': 'd_k=16', 'B2': 'd_k=32', 'C1': 'N=2', 'C2': 'N=4', 'C3': 'N=8',
+    'C4': 'd_model=256, d_k=d_v=32', 'C5': 'd_model=1024, d_k=d_v=128', 'C6': 'd_ff=1024', 'C7': 'd_ff=4096',
+    'D1': 'P_drop=0.0', 'D2': 'P_drop=0.2', 'D3': 'eps_ls=0.0', 'D4': 'eps_ls=0.2',
+    'E': 'learned positional embedding', 'big': 'd_model=1024, d_ff=4096, h=16, P_drop=0.3',
+    'F1': 'pre-LN (Xiong et al., 2020)', 'F2': 'RMSNorm (Zhang & Sennrich, 2019)',
+    'F3': 'rotary positions (Su et al., 2021)', 'F4': 'SwiGLU, d_ff=2/3 (Shazeer, 2020)',
+    'F5': 'GeGLU, d_ff=2/3 (Shazeer, 2020)', 'F6': 'multi-query, 1 K/V head (Shazeer, 2019)',
+    'F7': 'grouped-query, 2 K/V heads (Ainslie et al., 2023)', 'F8': 'pre-RMSNorm + RoPE + SwiGLU + GQA-2',
 }
 
 # Table 3 figures: PPL and BLEU on newstest2013; params in millions, None where the paper gives none.

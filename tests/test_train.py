@@ -7,6 +7,7 @@ the others load them from disk. Helpers and fixtures here are also used by test_
 """
 import dataclasses
 import functools
+import json
 import logging
 import os
 import pathlib
@@ -327,3 +328,57 @@ def test_run_killed_after_checkpoint_resumes_like_uninterrupted(monkeypatch, tmp
   assert compared(read_events(tmp_path)) == compared(reference_run.events)  # ... and every metric of every step.
   assert results == reference_run.results
   assert checkpoint_steps(tmp_path) == [4, 6]
+
+
+def test_validation_bleu_keeps_the_best_checkpoints_and_selection_uses_them(tmp_path, corpus, monkeypatch):
+  """train.eval_bleu_every_steps decodes the validation split, logs its BLEU, and keeps the
+  eval.average_best_n best steps by it in best_checkpoints/; eval.checkpoint_selection picks from them."""
+  scripted = {2: 10.0, 4: 30.0, 6: 20.0}  # Validation BLEU by step, scripted so the ranking is known.
+  real = train.validation_bleu
+
+  def scripted_bleu(s, params, eval_split, step):
+    scores = real(s, params, eval_split, step)
+    assert 0.0 <= scores['bleu'] <= 100.0 and scores['bleu_seconds'] > 0
+    return scores | {'bleu': scripted[step]}
+
+  monkeypatch.setattr(train, 'validation_bleu', scripted_bleu)
+  config = text_config(corpus, eval_bleu_every_steps=2, translate_at_end=True)
+  config.eval.update(checkpoint_selection='best', average_best_n=2, bleu_beam_size=1)
+  results = train.train_and_evaluate(config, str(tmp_path))
+  best = sorted(int(p.name) for p in (tmp_path / 'best_checkpoints').iterdir() if p.name.isdigit())
+  assert best == [4, 6]  # The two best by BLEU (30 and 20); step 2 (10) was dropped.
+  events = read_events(tmp_path)
+  assert events['eval/bleu'] == scripted
+  assert {'eval/lowercased_tokenized_bleu', 'test/lowercased_tokenized_bleu'} <= set(events)
+  saved = json.loads((tmp_path / 'final_metrics.json').read_text())
+  assert saved['checkpoint_steps'] == [4] and saved['checkpoint_selection'] == 'best'
+  assert saved['bleu'] == pytest.approx(results['bleu']) and 'validation_bleu' in saved
+  assert (tmp_path / 'validation.hyp.de').read_text(encoding='utf-8').count('\n') == SPLITS['val']
+
+  # The best checkpoint alone equals checkpoint 4 of the run; the average of the 2 best is their mean.
+  s = train.setup(config, str(tmp_path))
+  try:
+    params_best, steps = train.load_params(s)
+    assert steps == [4]
+    params_4 = s.checkpoints.restore_subtree(4, s.abstract_state().params)
+    for a, b in zip(jax.tree.leaves(params_best), jax.tree.leaves(params_4)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  finally:
+    s.close()
+  config.eval.checkpoint_selection = 'average_best'
+  s = train.setup(config, str(tmp_path))
+  try:
+    params_avg, steps = train.load_params(s)
+    assert steps == [4, 6]
+    params_6 = s.checkpoints.restore_subtree(6, s.abstract_state().params)
+    for a, b, c in zip(jax.tree.leaves(params_avg), jax.tree.leaves(params_4), jax.tree.leaves(params_6)):
+      np.testing.assert_allclose(np.asarray(a), (np.asarray(b) + np.asarray(c)) / 2, rtol=1e-6, atol=1e-7)
+  finally:
+    s.close()
+
+
+def test_best_checkpoint_selection_needs_validation_bleu(corpus):
+  config = text_config(corpus)
+  config.eval.checkpoint_selection = 'best'
+  with pytest.raises(ValueError, match=r'eval\.checkpoint_selection .*train\.eval_bleu_every_steps > 0'):
+    train.validate_config(config)

@@ -1,6 +1,7 @@
 """Scaled dot-product attention (§3.2.1) and multi-head attention (§3.2.2), with their masks.
 
-Einsum letters: b batch, q query length, k key length, h heads, d d_k, v d_v, m d_model.
+Einsum letters: b batch, q query length, k key length, h heads (key/value heads when grouped), g query heads
+per key/value head, d d_k, v d_v, m d_model.
 Masks are bool and broadcast to [batch, num_heads, q_len, kv_len]; True means "may attend".
 """
 import functools
@@ -144,10 +145,13 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
   The mask is applied before the softmax; the softmax runs in float32. A query whose keys are all masked
   gets zero weights (so a zero output and no gradient), never NaN.
 
+  With fewer key/value heads than query heads (multi-query or grouped-query attention), query head i reads
+  key/value head i // (num_heads // num_kv_heads).
+
   Args:
     query: [batch, q_len, num_heads, d_k], compute dtype.
-    key: [batch, kv_len, num_heads, d_k].
-    value: [batch, kv_len, num_heads, d_v].
+    key: [batch, kv_len, num_kv_heads, d_k]; num_kv_heads divides num_heads (equal in the paper).
+    value: [batch, kv_len, num_kv_heads, d_v].
     mask: bool, broadcastable to [batch, num_heads, q_len, kv_len]; True where attention is allowed.
       None allows everything.
     dropout_rate: dropout on the attention weights (not in the paper; 0 by default).
@@ -165,11 +169,17 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
     raise ValueError(f'query d_k={query.shape[-1]} differs from key d_k={key.shape[-1]}')
   if key.shape[1] != value.shape[1]:
     raise ValueError(f'key length {key.shape[1]} differs from value length {value.shape[1]}')
+  if query.shape[2] % key.shape[2]:
+    raise ValueError(f'{key.shape[2]} key/value heads do not divide {query.shape[2]} query heads')
+  batch, q_len, num_heads, _ = query.shape
+  groups = num_heads // key.shape[2]
   out_dtype = value.dtype
   product_dtype = attention_product_dtype(query.dtype)
   query, key, value = (x.astype(product_dtype) for x in (query, key, value))
   query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
-  scores = einsum('bqhd,bkhd->bhqk', query, key, jnp.float32)  # [batch, num_heads, q_len, kv_len]
+  query = query.reshape(batch, q_len, key.shape[2], groups, query.shape[-1])  # Head i = (i // groups, i % groups).
+  scores = einsum('bqhgd,bkhd->bhgqk', query, key, jnp.float32)
+  scores = scores.reshape(batch, num_heads, q_len, key.shape[1])  # [batch, num_heads, q_len, kv_len]
   if mask is not None:
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(scores, axis=-1)
@@ -178,7 +188,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
     weights = jnp.where(mask, weights, 0.0)
   if not deterministic and dropout_rate > 0.0:
     weights = dropout(weights, dropout_rate, dropout_rng)
-  output = einsum('bhqk,bkhv->bqhv', weights.astype(value.dtype), value)
+  grouped_weights = weights.astype(value.dtype).reshape(batch, key.shape[2], groups, q_len, key.shape[1])
+  output = einsum('bhgqk,bkhv->bqhgv', grouped_weights, value).reshape(batch, q_len, num_heads, value.shape[-1])
   return output.astype(out_dtype), weights
 
 
@@ -214,6 +225,12 @@ class MultiHeadAttention(nn.Module):
     cross_attention: keys and values come from `memory` (encoder-decoder attention, §3.2.3).
     dtype: compute dtype; parameters are float32.
     attention_impl: 'xla' (einsum; returns weights for inspection) or 'fused'.
+    num_kv_heads: heads of W^K and W^V (None: num_heads). Fewer is multi-query (1) or grouped-query
+      attention; the decoding cache then holds num_kv_heads heads. Their head axis is the logical
+      KV_HEADS, replicated by the default rules (a count below mesh.tensor could not be split), while
+      queries and W^O stay split over HEADS.
+    position_transform: f(x [batch, length, heads, d], positions) applied to queries and keys before the
+      product and before keys enter the cache (rotary positions, `layers.apply_rope`), or None.
   """
   num_heads: int
   d_k: int
@@ -222,17 +239,19 @@ class MultiHeadAttention(nn.Module):
   cross_attention: bool = False
   dtype: Any = jnp.float32
   attention_impl: str = 'xla'
+  num_kv_heads: int | None = None
+  position_transform: Any = None
 
-  def _project(self, x: Array, features: int, name: str) -> Array:
+  def _project(self, x: Array, features: int, name: str, num_heads: int, heads_axis: str) -> Array:
     """x [batch, length, d_model] @ W [d_model, num_heads, features] -> [batch, length, num_heads, features]."""
     init = default_kernel_init(in_axis=0, out_axis=(1, 2))
-    kernel = self.param(name, nn.with_logical_partitioning(init, (sharding.EMBED, sharding.HEADS, sharding.KV)),
-                        (x.shape[-1], self.num_heads, features))
+    kernel = self.param(name, nn.with_logical_partitioning(init, (sharding.EMBED, heads_axis, sharding.KV)),
+                        (x.shape[-1], num_heads, features))
     return einsum('blm,mhd->blhd', x.astype(self.dtype), kernel.astype(self.dtype))
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *,
-               deterministic: bool, decode: bool = False) -> Array:
+               deterministic: bool, decode: bool = False, positions: Array | None = None) -> Array:
     """Attends from inputs_q to inputs_kv.
 
     Args:
@@ -246,18 +265,26 @@ class MultiHeadAttention(nn.Module):
         broadcastable to [batch / n, num_heads, n * q_len, kv_len].
       deterministic: disables dropout.
       decode: incremental decoding with the 'cache' collection (q_len is 1 after the cache exists).
+      positions: int [batch, q_len] positions of the queries (self-attention: also of the keys) for
+      `position_transform`; None means 0..q_len-1.
 
     Returns:
       [batch, q_len, d_model] in the compute dtype.
     """
     d_model = inputs_q.shape[-1]
-    query = self._project(inputs_q, self.d_k, 'query')  # [batch, q_len, num_heads, d_k]
+    kv_heads = self.num_kv_heads or self.num_heads
+    kv_axis = sharding.HEADS if kv_heads == self.num_heads else sharding.KV_HEADS
+    query = self._project(inputs_q, self.d_k, 'query', self.num_heads, sharding.HEADS)  # [b, q_len, heads, d_k]
+    if self.position_transform is not None:
+      query = self.position_transform(query, positions)
     if decode and self.cross_attention and self.has_variable('cache', 'cached_key'):
       key = jnp.swapaxes(self.get_variable('cache', 'cached_key'), 1, 2)
       value = jnp.swapaxes(self.get_variable('cache', 'cached_value'), 1, 2)
     else:
-      key = self._project(inputs_kv, self.d_k, 'key')      # [batch, kv_len, num_heads, d_k]
-      value = self._project(inputs_kv, self.d_v, 'value')  # [batch, kv_len, num_heads, d_v]
+      key = self._project(inputs_kv, self.d_k, 'key', kv_heads, kv_axis)      # [batch, kv_len, kv_heads, d_k]
+      value = self._project(inputs_kv, self.d_v, 'value', kv_heads, kv_axis)  # [batch, kv_len, kv_heads, d_v]
+      if self.position_transform is not None:  # Self-attention: the keys are at the queries' positions.
+        key = self.position_transform(key, positions)
       if decode and self.cross_attention:
         cache_dtype = attention_product_dtype(self.dtype)
         self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(cache_dtype))

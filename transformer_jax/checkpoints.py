@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections.abc
 import json
+import math
 import os
 from typing import Any, NamedTuple
 
@@ -65,8 +66,9 @@ class CheckpointManager:
 
   def __init__(self, workdir: str | os.PathLike[str], *, max_to_keep: int | None = None,
                save_interval_steps: int = 1, fingerprint: dict | None = None,
-               async_save: bool = True, read_only: bool = False):
-    """Opens (and, once the fingerprint check has passed, creates) `<workdir>/checkpoints`.
+               async_save: bool = True, read_only: bool = False, subdir: str = 'checkpoints',
+               best_metric: str | None = None):
+    """Opens (and, once the fingerprint check has passed, creates) `<workdir>/<subdir>`.
 
     Args:
       workdir: the run's directory; checkpoints go to its `checkpoints` subdirectory.
@@ -80,6 +82,9 @@ class CheckpointManager:
       async_save: write in a background thread; `wait_until_finished` blocks until done.
       read_only: open for restoring only (e.g. a notebook beside a running job): creates nothing and
         leaves temporary directories of saves in progress alone.
+      subdir: the folder under `workdir` ('checkpoints'; 'best_checkpoints' for the best by a metric).
+      best_metric: keep the `max_to_keep` checkpoints with the highest `metrics[best_metric]` (given to
+        `save`) instead of the newest; every save must then pass metrics.
 
     Raises:
       ValueError: if `max_to_keep` or `save_interval_steps` is not positive, or the fingerprint
@@ -92,7 +97,8 @@ class CheckpointManager:
     self._workdir = os.fspath(workdir)
     if '://' not in self._workdir:  # orbax needs absolute paths; gs:// and other URLs already are.
       self._workdir = os.path.abspath(self._workdir)
-    self._directory = os.path.join(self._workdir, 'checkpoints')
+    self._directory = os.path.join(self._workdir, subdir)
+    self._best_metric = best_metric
     # The same naming orbax uses by default (`<step>`, committed steps only); kept here so that the
     # fingerprint can be read before the orbax manager creates anything on disk.
     self._name_format = ocp.step.standard_name_format()
@@ -108,6 +114,9 @@ class CheckpointManager:
         self._directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
+            best_fn=None if best_metric is None else (lambda metrics: metrics[best_metric]),
+            best_mode='max',
+            keep_checkpoints_without_metrics=best_metric is None,
             # Orbax's default policy would also write the first step of a fresh run.
             save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
                 ocp.checkpoint_managers.FixedIntervalPolicy(save_interval_steps),
@@ -178,7 +187,8 @@ class CheckpointManager:
   def _step_path(self, step: int) -> str:
     return os.path.join(self._directory, self._name_format.build_name(step))
 
-  def save(self, step: int, state: PyTree, data_state: dict, force: bool = False) -> bool:
+  def save(self, step: int, state: PyTree, data_state: dict, force: bool = False,
+           metrics: dict[str, float] | None = None) -> bool:
     """Starts saving `state` and `data_state` as checkpoint `step`.
 
     Args:
@@ -186,6 +196,7 @@ class CheckpointManager:
       state: pytree of jax arrays (any sharding), numpy arrays or numpy scalars.
       data_state: JSON-serialisable dict (numpy scalars are converted); copied before returning.
       force: save even if `step` is not a multiple of `save_interval_steps`.
+      metrics: scalars stored with the step (needed when the manager keeps the best by `best_metric`).
 
     Returns:
       True if a save was started; False if `step` is not a multiple of `save_interval_steps`
@@ -208,7 +219,19 @@ class CheckpointManager:
             _DATA_STATE: ocp.args.JsonSave(data_state),
             _METADATA: ocp.args.JsonSave({'fingerprint': self._fingerprint}),
         }),
+        metrics=None if metrics is None else {k: float(v) for k, v in metrics.items()},
         force=force)
+
+  def metrics(self, step: int) -> dict[str, float] | None:
+    """The metrics saved with checkpoint `step` (see `save`), or None."""
+    return self._manager.metrics(step)
+
+  def best_steps(self) -> list[int]:
+    """Committed steps, best first by `best_metric` (ties: the earlier step first); newest first without it."""
+    steps = self.all_steps()
+    if self._best_metric is None:
+      return steps[::-1]
+    return sorted(steps, key=lambda step: (-(self.metrics(step) or {}).get(self._best_metric, -math.inf), step))
 
   def wait_until_finished(self) -> None:
     """Blocks until the last asynchronous save is on disk (and old steps are deleted)."""

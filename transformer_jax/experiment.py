@@ -117,6 +117,7 @@ def validate_config(config) -> model_lib.ModelConfig:
            'an integer >= 1')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
            config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
+  _validate_selection(config.eval, train_cfg)
   model_cfg = model_lib.ModelConfig(vocab_size=data_cfg.vocab_size, **config.model)  # Checks model.*.
   _require(model_cfg.max_length >= data_cfg.max_length or model_cfg.position_embedding != 'learned',
            'data.max_length', data_cfg.max_length, f'<= model.max_length={model_cfg.max_length} with learned '
@@ -127,6 +128,24 @@ def validate_config(config) -> model_lib.ModelConfig:
                        b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                        grad_clip_norm=train_cfg.grad_clip_norm)
   return model_cfg
+
+
+CHECKPOINT_SELECTIONS = ('average_last', 'best', 'average_best')
+
+
+def _validate_selection(eval_cfg, train_cfg) -> None:
+  _require(eval_cfg.checkpoint_selection in CHECKPOINT_SELECTIONS, 'eval.checkpoint_selection',
+           eval_cfg.checkpoint_selection, f'one of {CHECKPOINT_SELECTIONS}')
+  _require(_is_positive_int(eval_cfg.average_best_n), 'eval.average_best_n', eval_cfg.average_best_n,
+           'a positive integer')
+  _require(isinstance(eval_cfg.bleu_beam_size, int) and eval_cfg.bleu_beam_size >= 0, 'eval.bleu_beam_size',
+           eval_cfg.bleu_beam_size, 'an integer >= 0 (0: decode.beam_size)')
+  _require(isinstance(train_cfg.eval_bleu_every_steps, int) and train_cfg.eval_bleu_every_steps >= 0,
+           'train.eval_bleu_every_steps', train_cfg.eval_bleu_every_steps, 'an integer >= 0 (0: never)')
+  _require(eval_cfg.checkpoint_selection == 'average_last' or train_cfg.eval_bleu_every_steps > 0,
+           'eval.checkpoint_selection', eval_cfg.checkpoint_selection,
+           "'average_last' unless train.eval_bleu_every_steps > 0 (the best checkpoints are chosen by "
+           'validation BLEU during training)')
 
 
 def _validate_train(train_cfg) -> None:
@@ -195,6 +214,15 @@ class Setup:
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   checkpoints: checkpoints_lib.CheckpointManager
+  # The eval.average_best_n checkpoints (parameters only) with the best validation BLEU, when
+  # train.eval_bleu_every_steps > 0; else None.
+  best_checkpoints: checkpoints_lib.CheckpointManager | None = None
+
+  def close(self) -> None:
+    """Waits for pending checkpoint saves and releases the checkpoint managers' threads."""
+    self.checkpoints.close()
+    if self.best_checkpoints is not None:
+      self.best_checkpoints.close()
 
   @property
   def data_shards(self) -> int:
@@ -253,7 +281,9 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
   schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps, config.train.learning_rate_scale)
   tx = optim.make_optimizer(schedule, b1=config.train.adam_b1, b2=config.train.adam_b2,
                             eps=config.train.adam_eps, grad_clip_norm=config.train.grad_clip_norm)
-  return Setup(config, workdir, mesh, rules, tokenizer, model_lib.Transformer(model_cfg), tx, schedule, manager)
+  best = open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
+  return Setup(config, workdir, mesh, rules, tokenizer, model_lib.Transformer(model_cfg), tx, schedule, manager,
+               best)
 
 
 def open_checkpoints(config, workdir: str,
@@ -267,12 +297,37 @@ def open_checkpoints(config, workdir: str,
   Raises:
     ValueError: if `workdir` holds a run with another fingerprint (nothing is written then).
   """
-  fingerprint = {'model': dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None},
-                 'data': {'vocab_size': model_cfg.vocab_size, 'source_lang': config.data.source_lang,
-                          'target_lang': config.data.target_lang}}
   return checkpoints_lib.CheckpointManager(
       workdir, max_to_keep=config.train.max_checkpoints_to_keep,
-      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=fingerprint)
+      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=_fingerprint(config, model_cfg))
+
+
+def open_best_checkpoints(config, workdir: str,
+                          model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
+  """`<workdir>/best_checkpoints`: the eval.average_best_n checkpoints with the highest validation BLEU.
+
+  Each holds {'params': ...} only (no optimiser state) and the metric `bleu` it was chosen by.
+
+  Raises:
+    ValueError: if `workdir` holds a run with another fingerprint.
+  """
+  return checkpoints_lib.CheckpointManager(
+      workdir, max_to_keep=config.eval.average_best_n, fingerprint=_fingerprint(config, model_cfg),
+      subdir='best_checkpoints', best_metric='bleu')
+
+
+# ModelConfig fields added after checkpoints existed: left out of the fingerprint at their defaults, so that
+# those checkpoints (whose fingerprints lack them) still resume and evaluate.
+_FIELDS_ADDED_LATER = {'norm': 'layer_norm', 'feed_forward': 'relu', 'num_kv_heads': None}
+
+
+def _fingerprint(config, model_cfg: model_lib.ModelConfig) -> dict:
+  model = dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None}
+  model = {key: value for key, value in model.items()
+           if key not in _FIELDS_ADDED_LATER or value != _FIELDS_ADDED_LATER[key]}
+  return {'model': model,
+          'data': {'vocab_size': model_cfg.vocab_size, 'source_lang': config.data.source_lang,
+                   'target_lang': config.data.target_lang}}
 
 
 def _check_writable(workdir: str) -> None:

@@ -1,4 +1,6 @@
-"""Feed-forward networks (§3.3), positional encodings (§3.5) and the encoder and decoder layers (§3.1)."""
+"""Feed-forward networks (§3.3), positional encodings (§3.5), normalisation and the encoder and decoder
+layers (§3.1); with the later variants ModelConfig offers (RMSNorm, gated feed-forward, rotary positions).
+"""
 from typing import Any
 
 import flax.linen as nn
@@ -34,7 +36,8 @@ class PositionEmbedding(nn.Module):
   """Adds position information to token embeddings: sinusoids (§3.5) or a learned table (Table 3 row E).
 
   Attributes:
-    kind: 'sinusoidal', 'learned' or 'none' (for invariance tests).
+    kind: 'sinusoidal', 'learned', 'rope' or 'none' (for invariance tests). 'rope' adds nothing here:
+      rotary positions rotate the queries and keys of every self-attention (`apply_rope`).
     max_length: number of rows of the learned table.
   """
   kind: str = 'sinusoidal'
@@ -50,7 +53,7 @@ class PositionEmbedding(nn.Module):
     length, d_model = x.shape[1], x.shape[2]
     if positions is None:
       positions = jnp.arange(length)[None, :]  # [1, length]
-    if self.kind == 'none':
+    if self.kind in ('none', 'rope'):
       return x
     if self.kind == 'sinusoidal':
       return x + sinusoidal_position_encoding(positions, d_model).astype(x.dtype)
@@ -63,26 +66,79 @@ class PositionEmbedding(nn.Module):
     return x + jnp.take(table, positions, axis=0).astype(x.dtype)
 
 
+def apply_rope(x: Array, positions: Array | None) -> Array:
+  """Rotary position embedding (Su et al., 2021): rotates feature pairs by position-dependent angles.
+
+  Feature i < d/2 is paired with feature i + d/2 and the pair is rotated by positions * 10000^(-2i/d), so a
+  query at position m and a key at position n score q R(m)^T R(n) k = q R(n - m) k: the product depends on
+  the offset n - m only. Computed in float32.
+
+  Args:
+    x: [batch, length, num_heads, d] queries or keys, d even.
+    positions: int [batch, length] (restarting per packed sentence; the cache index when decoding), or
+      None for 0..length-1.
+
+  Returns:
+    x's shape and dtype.
+  """
+  length, d = x.shape[1], x.shape[-1]
+  if positions is None:
+    positions = jnp.arange(length)[None, :]  # [1, length]
+  inverse_frequency = jnp.power(10000.0, -jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [d / 2]
+  angle = positions.astype(jnp.float32)[:, :, None, None] * inverse_frequency[None, None, None, :]
+  # angle: [batch, length, 1, d / 2]
+  sin, cos = jnp.sin(angle), jnp.cos(angle)
+  first, second = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  return rotated.astype(x.dtype)
+
+
+def make_norm(kind: str, dtype: Any, name: str) -> nn.Module:
+  """LayerNorm (Ba et al., 2016; the paper's) or RMSNorm (Zhang & Sennrich, 2019: x / RMS(x) * scale, no bias
+  and no mean subtraction), epsilon 1e-6, parameters [d_model] sharded as EMBED."""
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones, (sharding.EMBED,))
+  if kind == 'rms_norm':
+    return nn.RMSNorm(epsilon=1e-6, dtype=dtype, name=name, scale_init=scale_init)
+  return nn.LayerNorm(epsilon=1e-6, dtype=dtype, name=name, scale_init=scale_init,
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)))
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3, Eq. 2). x: [batch, length, d_model] -> same shape."""
+  """The position-wise feed-forward network (§3.3), x: [batch, length, d_model] -> same shape.
+
+  kind 'relu': FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); 'gelu': the same with GELU. The gated variants of
+  Shazeer (2020), without biases: 'swiglu': (Swish(x W1) * x V) W2, 'geglu': (GELU(x W1) * x V) W2. A gated
+  FFN has three d_model x d_ff matrices: d_ff = 2/3 of the paper's keeps its parameter count.
+  """
   d_ff: int
   dtype: Any = jnp.float32
+  kind: str = 'relu'
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     d_model = x.shape[-1]
     param = lambda name, init, shape, axes: self.param(name, nn.with_logical_partitioning(init, axes), shape)
     w1 = param('w1', attention.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
-    b1 = param('b1', nn.initializers.zeros, (self.d_ff,), (sharding.MLP,))
+    gated = self.kind in ('swiglu', 'geglu')
+    if gated:
+      v = param('v', attention.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
+    else:
+      b1 = param('b1', nn.initializers.zeros, (self.d_ff,), (sharding.MLP,))
     w2 = param('w2', attention.default_kernel_init(), (self.d_ff, d_model), (sharding.MLP, sharding.EMBED))
-    b2 = param('b2', nn.initializers.zeros, (d_model,), (sharding.EMBED,))
     # Biases are added to the float32 accumulator, so their gradients are float32 sums over the tokens: a
     # bf16 sum is less precise (b2's gradient 1.0% off float32 over 2,048 tokens, 0.11% now) and XLA:CPU
     # ran it as a reduce-window ~50x slower than a float32 reduction (17 ms per b1 at SMALL shapes).
-    hidden = attention.einsum('blm,mf->blf', x, w1.astype(self.dtype), jnp.float32) + b1[None, None, :]
-    hidden = nn.relu(hidden).astype(self.dtype)  # [batch, length, d_ff]
-    hidden = nn.with_logical_constraint(hidden, (sharding.BATCH, sharding.LENGTH, sharding.MLP))
-    output = attention.einsum('blf,fm->blm', hidden, w2.astype(self.dtype), jnp.float32) + b2[None, None, :]
+    hidden = attention.einsum('blm,mf->blf', x, w1.astype(self.dtype), jnp.float32)  # [batch, length, d_ff]
+    activation = {'relu': nn.relu, 'gelu': nn.gelu, 'swiglu': nn.swish, 'geglu': nn.gelu}[self.kind]
+    if gated:
+      hidden = activation(hidden) * attention.einsum('blm,mf->blf', x, v.astype(self.dtype), jnp.float32)
+    else:
+      hidden = activation(hidden + b1[None, None, :])
+    hidden = nn.with_logical_constraint(hidden.astype(self.dtype), (sharding.BATCH, sharding.LENGTH, sharding.MLP))
+    output = attention.einsum('blf,fm->blm', hidden, w2.astype(self.dtype), jnp.float32)
+    if not gated:
+      b2 = param('b2', nn.initializers.zeros, (d_model,), (sharding.EMBED,))
+      output = output + b2[None, None, :]
     return output.astype(self.dtype)
 
 
@@ -94,12 +150,11 @@ class Residual(nn.Module):
   layer_norm_position: str
   dropout_rate: float
   dtype: Any = jnp.float32
+  norm: str = 'layer_norm'
 
   @nn.compact
   def __call__(self, x: Array, sublayer, *, deterministic: bool) -> Array:
-    norm = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, name='layer_norm',
-                        scale_init=nn.with_logical_partitioning(nn.initializers.ones, (sharding.EMBED,)),
-                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)))
+    norm = make_norm(self.norm, self.dtype, 'layer_norm')
     dropout = attention.Dropout(self.dropout_rate)
     if self.layer_norm_position == 'pre':
       return x + dropout(sublayer(norm(x)), deterministic)
@@ -117,28 +172,39 @@ class _Layer(nn.Module):
   layer_norm_position: str
   dtype: Any = jnp.float32
   attention_impl: str = 'xla'
+  norm: str = 'layer_norm'
+  feed_forward: str = 'relu'
+  num_kv_heads: int | None = None
+  rope: bool = False  # Rotary positions in self-attention (position_embedding='rope').
 
   def make_residual(self, name: str) -> Residual:
-    return Residual(self.layer_norm_position, self.dropout_rate, self.dtype, name=name)
+    return Residual(self.layer_norm_position, self.dropout_rate, self.dtype, self.norm, name=name)
 
   def make_attention(self, name: str, cross_attention: bool = False) -> attention.MultiHeadAttention:
+    # Cross-attention gets no rotary positions: its queries (target) and keys (source) index different
+    # sequences, so their offset means nothing; order reaches it through the rotated self-attentions.
     return attention.MultiHeadAttention(
         self.num_heads, self.d_k, self.d_v, self.attention_dropout_rate, cross_attention=cross_attention,
-        dtype=self.dtype, attention_impl=self.attention_impl, name=name)
+        dtype=self.dtype, attention_impl=self.attention_impl, num_kv_heads=self.num_kv_heads,
+        position_transform=apply_rope if self.rope and not cross_attention else None, name=name)
+
+  def make_feed_forward(self) -> FeedForward:
+    return FeedForward(self.d_ff, self.dtype, self.feed_forward, name='feed_forward')
 
 
 class EncoderLayer(_Layer):
   """Self-attention then feed-forward, each wrapped in `Residual` (§3.1, encoder)."""
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
-    """x: [batch, src_len, d_model]; mask: bool [batch, 1, src_len, src_len]. Returns x's shape."""
+  def __call__(self, x: Array, mask: Array, deterministic: bool, positions: Array | None = None) -> Array:
+    """x: [batch, src_len, d_model]; mask: bool [batch, 1, src_len, src_len]; positions: int [batch, src_len]
+    or None (0..src_len-1), read by rotary positions only. Returns x's shape."""
     residual = self.make_residual
     attend = self.make_attention('self_attention')
     x = residual('self_attention_residual')(
-        x, lambda y: attend(y, y, mask, deterministic=deterministic), deterministic=deterministic)
-    x = residual('feed_forward_residual')(
-        x, FeedForward(self.d_ff, self.dtype, name='feed_forward'), deterministic=deterministic)
+        x, lambda y: attend(y, y, mask, deterministic=deterministic, positions=positions),
+        deterministic=deterministic)
+    x = residual('feed_forward_residual')(x, self.make_feed_forward(), deterministic=deterministic)
     return nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
 
 
@@ -147,7 +213,7 @@ class DecoderLayer(_Layer):
 
   @nn.compact
   def __call__(self, x: Array, memory: Array, self_mask: Array | None, memory_mask: Array,
-               deterministic: bool, decode: bool = False) -> Array:
+               deterministic: bool, decode: bool = False, positions: Array | None = None) -> Array:
     """Args:
       x: [batch, tgt_len, d_model] (tgt_len 1 per step when decoding).
       memory: encoder output [batch, src_len, d_model].
@@ -155,6 +221,8 @@ class DecoderLayer(_Layer):
       memory_mask: bool [batch, 1, tgt_len or 1, src_len].
       deterministic: disables dropout.
       decode: incremental decoding through the 'cache' collection.
+      positions: int [batch, tgt_len] target positions (the step's index when decoding), or None for
+        0..tgt_len-1; read by rotary positions only.
 
     Returns:
       [batch, tgt_len, d_model].
@@ -163,11 +231,10 @@ class DecoderLayer(_Layer):
     self_attend = self.make_attention('self_attention')
     cross_attend = self.make_attention('encoder_decoder_attention', cross_attention=True)
     x = residual('self_attention_residual')(
-        x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic, decode=decode),
+        x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic, decode=decode, positions=positions),
         deterministic=deterministic)
     x = residual('encoder_decoder_attention_residual')(
         x, lambda y: cross_attend(y, memory, memory_mask, deterministic=deterministic, decode=decode),
         deterministic=deterministic)
-    x = residual('feed_forward_residual')(
-        x, FeedForward(self.d_ff, self.dtype, name='feed_forward'), deterministic=deterministic)
+    x = residual('feed_forward_residual')(x, self.make_feed_forward(), deterministic=deterministic)
     return nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))

@@ -3,7 +3,8 @@
 Token id 0 is padding (tokenizer.PAD_ID); unpacked batches derive their segment ids from it.
 """
 import dataclasses
-from typing import Any, Mapping
+import typing
+from typing import Any, Literal, Mapping
 
 import flax.linen as nn
 import jax
@@ -14,17 +15,23 @@ from transformer_jax import layers
 from transformer_jax import sharding
 
 Array = jax.Array
-_CHOICES = {
-    'position_embedding': ('sinusoidal', 'learned', 'none'),
-    'layer_norm_position': ('post', 'pre'),
-    'dtype': ('float32', 'bfloat16'),
-    'attention_impl': ('xla', 'fused'),
-}
+PositionEmbedding = Literal['sinusoidal', 'learned', 'rope', 'none']
+LayerNormPosition = Literal['post', 'pre']
+Norm = Literal['layer_norm', 'rms_norm']
+FeedForwardKind = Literal['relu', 'gelu', 'swiglu', 'geglu']
+Dtype = Literal['float32', 'bfloat16']
+AttentionImpl = Literal['xla', 'fused']
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Architecture hyperparameters (§3, Table 3); built as ModelConfig(vocab_size=..., **config.model).
+
+  Every default is the paper's model. The fields after the paper's ones are the later variants that
+  Table 3's extra rows ablate (configs/table3.py): `layer_norm_position='pre'` (Xiong et al., 2020),
+  `norm='rms_norm'` (Zhang & Sennrich, 2019), `position_embedding='rope'` (Su et al., 2021),
+  `feed_forward='swiglu'/'geglu'` (Shazeer, 2020) and `num_kv_heads` < num_heads (multi-query, Shazeer, 2019;
+  grouped-query, Ainslie et al., 2023).
 
   Raises:
     ValueError: naming the `model.<field>` key and its allowed values when a value is out of range.
@@ -38,13 +45,16 @@ class ModelConfig:
   d_v: int = 64
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
-  position_embedding: str = 'sinusoidal'
-  layer_norm_position: str = 'post'
+  position_embedding: PositionEmbedding = 'sinusoidal'
+  layer_norm_position: LayerNormPosition = 'post'
   scale_embeddings: bool = True
   max_length: int = 256
-  dtype: str = 'float32'
-  attention_impl: str = 'xla'
+  dtype: Dtype = 'float32'
+  attention_impl: AttentionImpl = 'xla'
   remat: bool = False
+  norm: Norm = 'layer_norm'
+  feed_forward: FeedForwardKind = 'relu'
+  num_kv_heads: int | None = None  # Heads of W^K and W^V; None: num_heads (the paper's multi-head attention).
 
   def __post_init__(self):
     for name in ('vocab_size', 'num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'max_length'):
@@ -55,11 +65,25 @@ class ModelConfig:
       value = getattr(self, name)
       if not 0.0 <= value < 1.0:
         raise ValueError(f'model.{name} must be in [0, 1), got {value!r}')
-    for name, allowed in _CHOICES.items():
-      if getattr(self, name) not in allowed:
-        raise ValueError(f'model.{name} must be one of {allowed}, got {getattr(self, name)!r}')
+    for field in dataclasses.fields(self):
+      if typing.get_origin(field.type) is Literal and getattr(self, field.name) not in typing.get_args(field.type):
+        raise ValueError(f'model.{field.name} must be one of {typing.get_args(field.type)}, '
+                         f'got {getattr(self, field.name)!r}')
     if self.attention_impl == 'fused' and self.d_k != self.d_v:
       raise ValueError(f"model.attention_impl='fused' needs d_k == d_v, got {self.d_k} and {self.d_v}")
+    kv_heads = self.num_kv_heads
+    if kv_heads is not None and (not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0
+                                 or self.num_heads % kv_heads):
+      raise ValueError(f'model.num_kv_heads must be a positive divisor of model.num_heads={self.num_heads} '
+                       f'(or None for num_heads), got {kv_heads!r}')
+    if self.position_embedding == 'rope' and self.d_k % 2:
+      raise ValueError(f"model.position_embedding='rope' rotates pairs of query/key features: model.d_k must be "
+                       f'even, got {self.d_k}')
+
+  @property
+  def key_value_heads(self) -> int:
+    """Heads of the key and value projections: num_kv_heads, or num_heads when that is None."""
+    return self.num_kv_heads or self.num_heads
 
   @property
   def compute_dtype(self):
@@ -120,14 +144,15 @@ def _layer_kwargs(cfg: ModelConfig) -> dict[str, Any]:
   return dict(d_ff=cfg.d_ff, num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v,
               dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
               layer_norm_position=cfg.layer_norm_position, dtype=cfg.compute_dtype,
-              attention_impl=cfg.attention_impl)
+              attention_impl=cfg.attention_impl, norm=cfg.norm, feed_forward=cfg.feed_forward,
+              num_kv_heads=cfg.num_kv_heads, rope=cfg.position_embedding == 'rope')
 
 
 def _final_norm(cfg: ModelConfig, x: Array) -> Array:
-  """Pre-LN stacks end with a LayerNorm; post-LN stacks already end normalised (§3.1)."""
+  """Pre-LN stacks end with a norm (Xiong et al., 2020); post-LN stacks already end normalised (§3.1)."""
   if cfg.layer_norm_position != 'pre':
     return x
-  return nn.LayerNorm(epsilon=1e-6, dtype=cfg.compute_dtype, name='final_layer_norm')(x)
+  return layers.make_norm(cfg.norm, cfg.compute_dtype, 'final_layer_norm')(x)
 
 
 class Encoder(nn.Module):
@@ -143,7 +168,7 @@ class Encoder(nn.Module):
     mask = attention.padding_mask(source_segment_ids, source_segment_ids)
     layer_cls = nn.remat(layers.EncoderLayer, static_argnums=(3,)) if self.cfg.remat else layers.EncoderLayer
     for i in range(self.cfg.num_layers):
-      x = layer_cls(**_layer_kwargs(self.cfg), name=f'layer_{i}')(x, mask, deterministic)
+      x = layer_cls(**_layer_kwargs(self.cfg), name=f'layer_{i}')(x, mask, deterministic, source_positions)
     return _final_norm(self.cfg, x)
 
 
@@ -178,7 +203,7 @@ class Decoder(nn.Module):
     layer_cls = nn.remat(layers.DecoderLayer, static_argnums=(5, 6)) if remat else layers.DecoderLayer
     for i in range(cfg.num_layers):
       x = layer_cls(**_layer_kwargs(cfg), name=f'layer_{i}')(
-          x, memory, self_mask, memory_mask, deterministic, decode)
+          x, memory, self_mask, memory_mask, deterministic, decode, target_positions)
     return _final_norm(cfg, x)
 
 

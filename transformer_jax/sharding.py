@@ -31,9 +31,10 @@ EMBED = 'embed'    # d_model.
 MLP = 'mlp'        # d_ff.
 HEADS = 'heads'    # num_heads.
 KV = 'kv'          # d_k or d_v.
+KV_HEADS = 'kv_heads'  # Key/value heads when fewer than num_heads (model.num_kv_heads): too few to split.
 VOCAB = 'vocab'    # Shared vocabulary.
 
-LOGICAL_AXES = (BATCH, LENGTH, EMBED, MLP, HEADS, KV, VOCAB)
+LOGICAL_AXES = (BATCH, LENGTH, EMBED, MLP, HEADS, KV, KV_HEADS, VOCAB)
 MESH_AXES = ('data', 'fsdp', 'tensor')
 BATCH_MESH_AXES = ('data', 'fsdp')  # The input pipeline and `batch_sharding` split rows over these.
 

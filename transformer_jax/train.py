@@ -16,6 +16,7 @@ Reliability, as the loop implements it:
 """
 import datetime
 import functools
+import json
 import signal
 import sys
 import threading
@@ -247,6 +248,7 @@ class _Data(NamedTuple):
   """The splits a training run reads, all loaded before the first step (so that bad files fail early)."""
   train_iter: input_pipeline.TrainIterator
   eval_batches: list[dict[str, np.ndarray]]
+  eval_split: tuple  # encode_split of the validation split (its texts for validation BLEU).
   test: tuple | None  # encode_split of the test split when train.translate_at_end, else None.
 
 
@@ -257,9 +259,9 @@ def _load_data(s: Setup) -> _Data:
       data_cfg, input_pipeline.encode(s.tokenizer, train_source), input_pipeline.encode(s.tokenizer, train_target),
       batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
   del train_source, train_target
-  _, _, eval_source_ids, eval_target_ids = encode_split(s, data_cfg.eval_split)
+  eval_split = encode_split(s, data_cfg.eval_split)
   test = encode_split(s, data_cfg.test_split) if s.config.train.translate_at_end else None
-  return _Data(train_iter, make_eval_batches(s, eval_source_ids, eval_target_ids), test)
+  return _Data(train_iter, make_eval_batches(s, eval_split[2], eval_split[3]), eval_split, test)
 
 
 def _restore_or_init(s: Setup, data: _Data) -> tuple[TrainState, Any]:
@@ -323,6 +325,10 @@ def _train_loop(s: Setup, state: TrainState, train_fn, eval_fn, data: _Data, wri
       progress.report(step)
     if last or step % cfg.eval_every_steps == 0:
       write_scalars(writer, step, _validate(s, eval_fn, state.params, data.eval_batches, step), 'eval')
+    if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
+      scores = validation_bleu(s, state.params, data.eval_split, step)
+      write_scalars(writer, step, scores, 'eval')
+      s.best_checkpoints.save(step, {'params': state.params}, {}, force=True, metrics={'bleu': scores['bleu']})
     s.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
       return state, step
@@ -359,11 +365,12 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
       logging.warning('Stopped by %s after step %d: saved checkpoint step %d in %s. Run the same command to '
                       'resume.', stop.reason, stopped_at, s.checkpoints.latest_step(), s.checkpoints.directory)
       return {'stopped_at_step': stopped_at}
-    return final_evaluation(s, eval_fn, data.eval_batches, writer, test_split=data.test)
+    return final_evaluation(s, eval_fn, data.eval_batches, writer, test_split=data.test,
+                            eval_split=data.eval_split)
   finally:
     if writer is not None:
       writer.close()
-    s.checkpoints.close()
+    s.close()
 
 
 def _validate(s: Setup, eval_fn, params, eval_batches, step: int) -> dict[str, float]:
@@ -374,22 +381,64 @@ def _validate(s: Setup, eval_fn, params, eval_batches, step: int) -> dict[str, f
   return metrics
 
 
+def validation_bleu(s: Setup, params, eval_split, step: int) -> dict[str, float]:
+  """BLEU of the validation split decoded with beam eval.bleu_beam_size (0: decode.beam_size; 1: greedy).
+
+  Args:
+    s: the Setup.
+    params: the parameters to decode with.
+    eval_split: `encode_split` of the validation split.
+    step: the training step, for the log line.
+
+  Returns:
+    {'bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'bleu_seconds'} (see `bleu.all_bleu`).
+  """
+  _, references, source_ids, _ = eval_split
+  beam_size = s.config.eval.bleu_beam_size or s.config.decode.beam_size
+  start = time.perf_counter()
+  hypotheses = translate_ids(s, params, source_ids, beam_size=beam_size)
+  scores = bleu.all_bleu(hypotheses, references, s.config.data.target_lang)
+  seconds = time.perf_counter() - start
+  logging.info('validation BLEU at step %d | bleu %.2f | lowercased tokenized %.2f | beam %d | %.1f s', step,
+               scores['bleu'], scores['lowercased_tokenized_bleu'], beam_size, seconds)
+  return {key: scores[key] for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')} | {
+      'bleu_seconds': seconds}
+
+
 def load_params(s: Setup):
-  """The average of the last eval.average_last_n checkpoints' parameters (§6.1), or the latest alone.
+  """The parameters the final evaluation uses (§6.1), chosen by eval.checkpoint_selection.
+
+  'average_last': the mean of the last eval.average_last_n checkpoints; 'best': the checkpoint of
+  `<workdir>/best_checkpoints` with the best validation BLEU; 'average_best': the mean of the
+  eval.average_best_n best.
+
+  Returns:
+    (params, steps): the (averaged) parameters, placed as for training, and the checkpoint steps they
+    come from, ascending.
 
   Raises:
-    FileNotFoundError: if the workdir holds no checkpoint.
+    FileNotFoundError: if the workdir holds no checkpoint to choose from.
   """
-  steps = s.checkpoints.all_steps()
+  selection = s.config.eval.checkpoint_selection
+  if selection == 'average_last':
+    manager = s.checkpoints
+    steps = manager.all_steps()[-s.config.eval.average_last_n:]
+  else:
+    manager = s.best_checkpoints
+    steps = sorted(manager.best_steps()[:1 if selection == 'best' else s.config.eval.average_best_n])
   if not steps:
-    raise FileNotFoundError(f'no checkpoint in {s.checkpoints.directory}: train first (--mode=train)')
-  steps = steps[-s.config.eval.average_last_n:]
-  logging.info('Averaging the parameters of checkpoint steps %s.', steps)
-  return checkpoints_lib.average_checkpoints(s.checkpoints, steps, s.abstract_state().params), steps
+    raise FileNotFoundError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
+  logging.info('Averaging the parameters of checkpoint steps %s (eval.checkpoint_selection=%s).', steps,
+               selection)
+  return checkpoints_lib.average_checkpoints(manager, steps, s.abstract_state().params), steps
 
 
-def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=None) -> dict[str, float]:
-  """Validation metrics and test BLEU of the averaged checkpoints; hypotheses written to the workdir.
+def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=None,
+                     eval_split=None) -> dict[str, float]:
+  """Validation metrics and BLEU, and test BLEU, of the chosen checkpoints (`load_params`).
+
+  Hypotheses are written to `<workdir>/<split>.hyp.<target_lang>` and every figure to
+  `<workdir>/final_metrics.json` (process 0).
 
   Args:
     s: the Setup.
@@ -397,39 +446,73 @@ def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=No
     eval_batches: the validation split's batches.
     writer: a tensorboardX writer, or None.
     test_split: `encode_split` of the test split, if already loaded; read when None.
+    eval_split: `encode_split` of the validation split, if already loaded; read when None.
+
+  Returns:
+    Validation loss, nll, perplexity, accuracy; with train.translate_at_end also `validation_bleu`,
+    `validation_lowercased_tokenized_bleu`, and the test split's `bleu` (sacreBLEU), `tokenized_bleu`,
+    `lowercased_tokenized_bleu` and `decode_sentences_per_sec`.
   """
   params, steps = load_params(s)
+  data_cfg = s.config.data
   with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
     results = _validate(s, eval_fn, params, eval_batches, steps[-1])
     write_scalars(writer, steps[-1], results, 'eval_averaged')
     if not s.config.train.translate_at_end:
+      _write_final_metrics(s, results, steps)
       return results
-    sources, references, source_ids, target_ids = test_split or encode_split(s, s.config.data.test_split)
+    eval_split = eval_split or encode_split(s, data_cfg.eval_split)
+    hypotheses = translate_ids(s, params, eval_split[2])
+    scores = bleu.all_bleu(hypotheses, eval_split[1], data_cfg.target_lang)
+    results |= {'validation_bleu': scores['bleu'],
+                'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu']}
+    _write_hypotheses(s, data_cfg.eval_split, hypotheses)
+    sources, references, source_ids, target_ids = test_split or encode_split(s, data_cfg.test_split)
     start = time.perf_counter()
     hypotheses = translate_ids(s, params, source_ids, target_ids)
   seconds = time.perf_counter() - start
-  path = epath.Path(s.workdir) / f'{s.config.data.test_split}.hyp.{s.config.data.target_lang}'
-  if jax.process_index() == 0:
-    path.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
-  score, signature = bleu.sacrebleu_score(hypotheses, references)
-  tokenized = bleu.tokenized_bleu(hypotheses, references, s.config.data.target_lang)
-  results |= {'bleu': score, 'tokenized_bleu': tokenized, 'decode_sentences_per_sec': len(sources) / seconds}
-  write_scalars(writer, steps[-1], {'bleu': score, 'tokenized_bleu': tokenized}, 'test')
+  path = _write_hypotheses(s, data_cfg.test_split, hypotheses)
+  scores = bleu.all_bleu(hypotheses, references, data_cfg.target_lang)
+  results |= {key: scores[key] for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')}
+  results['decode_sentences_per_sec'] = len(sources) / seconds
+  write_scalars(writer, steps[-1], {key: scores[key] for key in ('bleu', 'tokenized_bleu',
+                                                                  'lowercased_tokenized_bleu')}, 'test')
+  _write_final_metrics(s, results, steps)
   logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(sources), seconds,
                len(sources) / seconds, path)
-  print(f'bleu: {score:.2f}  ({signature}; beam {s.config.decode.beam_size}, averaged steps {steps})')
-  print(f'tokenized_bleu: {tokenized:.2f}  (tokenized, compound-split, as in the paper)')
+  print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {data_cfg.eval_split}; lowercased '
+        f'tokenized {results["validation_lowercased_tokenized_bleu"]:.2f})')
+  print(f'bleu: {scores["bleu"]:.2f}  ({scores["bleu_signature"]}; beam {s.config.decode.beam_size}, '
+        f'{s.config.eval.checkpoint_selection}: averaged steps {steps})')
+  print(f'tokenized_bleu: {scores["tokenized_bleu"]:.2f}  (tokenized, compound-split, as in the paper)')
+  print(f'lowercased_tokenized_bleu: {scores["lowercased_tokenized_bleu"]:.2f}  (lowercased, Moses-normalised '
+        'and -tokenised, multi-bleu: the Multi30k literature\'s BLEU)')
   return results
 
 
-def translate_ids(s: Setup, params, source_ids, target_ids=None) -> list[str]:
-  """Beam search (decode.*) over tokenised sources; one output per input, in order."""
+def _write_hypotheses(s: Setup, split: str, hypotheses: list[str]) -> epath.Path:
+  path = epath.Path(s.workdir) / f'{split}.hyp.{s.config.data.target_lang}'
+  if jax.process_index() == 0:
+    path.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
+  return path
+
+
+def _write_final_metrics(s: Setup, results: dict[str, float], steps: list[int]) -> None:
+  """`<workdir>/final_metrics.json`: the final evaluation's figures and the checkpoints they come from."""
+  if jax.process_index() == 0:
+    record = {key: float(value) for key, value in results.items()} | {
+        'checkpoint_steps': list(steps), 'checkpoint_selection': s.config.eval.checkpoint_selection}
+    (epath.Path(s.workdir) / 'final_metrics.json').write_text(json.dumps(record, indent=2, sort_keys=True))
+
+
+def translate_ids(s: Setup, params, source_ids, target_ids=None, beam_size: int | None = None) -> list[str]:
+  """Beam search (decode.*; `beam_size` overrides decode.beam_size) over tokenised sources, in order."""
   if target_ids is None:
     target_ids = input_pipeline.Ragged.from_lists([[] for _ in range(len(source_ids))])
   batches = make_eval_batches(s, source_ids, target_ids)
   decode_cfg = s.config.decode
   return evaluate_lib.translate(params, batches, s.tokenizer, len(source_ids), model=s.model,
-                                beam_size=decode_cfg.beam_size, alpha=decode_cfg.alpha,
+                                beam_size=beam_size or decode_cfg.beam_size, alpha=decode_cfg.alpha,
                                 extra_length=decode_cfg.extra_length,
                                 batch_sharding=sharding.batch_sharding(s.mesh))
 
@@ -440,12 +523,13 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
   s = setup(config, workdir, data_splits=(data_cfg.eval_split,) + ((data_cfg.test_split,)
                                                                    if config.train.translate_at_end else ()))
   try:
-    _, _, eval_source_ids, eval_target_ids = encode_split(s, data_cfg.eval_split)
+    eval_split = encode_split(s, data_cfg.eval_split)
     state_sharding = jax.tree.map(lambda x: x.sharding, s.abstract_state())
     _, eval_fn = jit_steps(s, state_sharding)
-    return final_evaluation(s, eval_fn, make_eval_batches(s, eval_source_ids, eval_target_ids))
+    return final_evaluation(s, eval_fn, make_eval_batches(s, eval_split[2], eval_split[3]),
+                            eval_split=eval_split)
   finally:
-    s.checkpoints.close()
+    s.close()
 
 
 def translate_file(config, workdir: str, input_path: str | None, output_path: str | None) -> None:
@@ -460,7 +544,7 @@ def translate_file(config, workdir: str, input_path: str | None, output_path: st
       lines = [line.removesuffix('\r') for line in (lines[:-1] if lines[-1] == '' else lines)]
     params, _ = load_params(s)
   finally:
-    s.checkpoints.close()
+    s.close()
   with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
     hypotheses = translate_ids(s, params, input_pipeline.encode(s.tokenizer, lines))
   hypotheses = [h if line.strip() else '' for line, h in zip(lines, hypotheses)]
