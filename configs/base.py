@@ -68,6 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
       adam_eps=1e-9,
       grad_clip_norm=0.0,             # 0 disables clipping (the paper does not clip).
       label_smoothing=0.1,            # §5.4 eps_ls.
+      # Micro-batches per update: data.tokens_per_batch is cut into this many, their gradients summed (the
+      # paper's batch on fewer devices; see configs/big.py). 1 is the paper's single batch.
+      grad_accum_steps=1,
       seed=0,
       log_every_steps=100,
       eval_every_steps=5000,

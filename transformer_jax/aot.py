@@ -28,9 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax import experiment
 from transformer_jax import input_pipeline
-from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import train
 
@@ -41,16 +40,20 @@ _PACKED_KEYS = ('source_segment_ids', 'target_segment_ids', 'source_positions', 
 
 
 def largest_batch_shape(data_config, num_shards: int, process_count: int = 1) -> tuple[int, int]:
-  """The global [batch, length] of the longest bucket at data.tokens_per_batch (Sec. 5.1).
+  """The global [batch, length] of the longest bucket at data.tokens_per_batch (Sec. 5.1), as training feeds it.
 
   The longest bucket has the fewest rows but the largest attention matrices (batch * length^2 per head, i.e.
-  tokens_per_batch * length), so it bounds the step's memory; packed batches use the same row length.
+  tokens_per_batch * length), so it bounds the step's memory; packed batches use the same row length. Its
+  tokens_per_batch // length rows are padded to a multiple of num_shards (data shards x train.grad_accum_steps),
+  as `input_pipeline.TrainIterator` pads them.
 
   Raises:
     ValueError: if the batch size rounds down to 0 (see `input_pipeline.batch_size_for`).
   """
+  del process_count  # Padded to a multiple of num_shards, which every process count of the mesh divides.
   length = int(input_pipeline.bucket_lengths_for(data_config.bucket_lengths, data_config.max_length)[-1])
-  return input_pipeline.batch_size_for(length, data_config.tokens_per_batch, num_shards, process_count), length
+  rows = input_pipeline.batch_size_for(length, data_config.tokens_per_batch, 1)
+  return -(-rows // num_shards) * num_shards, length
 
 
 def collective_counts(hlo_text: str) -> dict[str, int]:
@@ -65,18 +68,6 @@ def _abstract_batch(data_config, shape: tuple[int, int], batch_sharding) -> dict
   keys = ('source_tokens', 'decoder_input_tokens', 'target_tokens')
   keys += _PACKED_KEYS if data_config.packing else ()
   return {key: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding) for key in keys}
-
-
-def _setup(config, workdir: str | None) -> train.Setup:
-  """The Setup of `train.setup` without a tokenizer or checkpoint manager: compile mode reads and writes nothing."""
-  model_cfg = train.validate_config(config)
-  train_cfg = config.train
-  schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
-  tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
-                            grad_clip_norm=train_cfg.grad_clip_norm)
-  return train.Setup(config, workdir, sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh),
-                     tokenizer=None, model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule,
-                     checkpoints=None)
 
 
 def _memory_figures(compiled) -> dict[str, int]:
@@ -106,9 +97,9 @@ def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[st
   Raises:
     ValueError: for a bad config value (see `train.validate_config`) or a mesh the model does not divide by.
   """
-  s = _setup(config, workdir)
+  s = experiment.compute_setup(config, workdir)  # Compile mode reads and writes nothing.
   abstract_state = s.abstract_state()
-  shape = largest_batch_shape(config.data, s.data_shards, jax.process_count())
+  shape = largest_batch_shape(config.data, s.data_shards * config.train.grad_accum_steps)
   batch = _abstract_batch(config.data, shape, sharding.batch_sharding(s.mesh))
   state_sharding = jax.tree.map(lambda x: x.sharding, abstract_state)
   train_fn, _ = train.jit_steps(s, state_sharding)
@@ -121,6 +112,7 @@ def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[st
   figures = {
       'mesh': dict(s.mesh.shape), 'devices': s.mesh.size, 'device_kind': s.mesh.devices.flat[0].device_kind,
       'batch_shape': list(shape), 'tokens_per_batch': config.data.tokens_per_batch,
+      'grad_accum_steps': config.train.grad_accum_steps,
       'num_params': int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))),
       'memory_per_device': _memory_figures(compiled), 'flops_per_device': flops,
       'flops_total': flops * s.mesh.size, 'collectives': collective_counts(compiled.as_text()),

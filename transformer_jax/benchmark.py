@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import evaluate
+from transformer_jax import experiment
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import train
 
@@ -100,23 +100,19 @@ def synthetic_batch(cfg: model_lib.ModelConfig, batch_size: int, source_length: 
 
 def run(config) -> dict[str, float]:
   """Benchmarks the configured model; prints a report and returns (and prints last) the JSON figures."""
-  train.validate_config(config)
-  cfg = model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)
+  # The model, optimiser (adam_*, grad_clip_norm, learning_rate_scale), mesh and jitted step of training.
+  s = experiment.compute_setup(config)
+  cfg, model, mesh, rules = s.model.cfg, s.model, s.mesh, s.rules
   bench = config.benchmark
   batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
-  mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
-  shards = mesh.shape['data'] * mesh.shape['fsdp']
-  batch_size = -(-batch_size // shards) * shards
-  model = model_lib.Transformer(cfg)
-  tx = optim.make_optimizer(optim.rsqrt_schedule(cfg.d_model, config.train.warmup_steps))
+  multiple = s.data_shards * config.train.grad_accum_steps  # As the input pipeline pads training batches.
+  batch_size = -(-batch_size // multiple) * multiple
   host_batch = synthetic_batch(cfg, batch_size, bench.source_length, bench.target_length)
   batch_sharding = sharding.batch_sharding(mesh)
   batch = {k: jax.device_put(v, batch_sharding) for k, v in host_batch.items()}
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state, state_sharding = train.sharded_train_state(jax.random.key(0), model, tx, batch, mesh, rules)
-    step_fn = jax.jit(
-        functools.partial(train.train_step, model=model, tx=tx, label_smoothing=config.train.label_smoothing),
-        in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None), donate_argnums=0)
+    state, state_sharding = experiment.sharded_train_state(jax.random.key(0), model, s.tx, batch, mesh, rules)
+    step_fn, _ = train.jit_steps(s, state_sharding)
     start = time.perf_counter()
     compiled = step_fn.lower(state, batch).compile()
     compile_time = time.perf_counter() - start
@@ -139,7 +135,8 @@ def run(config) -> dict[str, float]:
       'xla_flops_per_step': xla_flops * jax.device_count(), 'compile_time_s': compile_time,
       'decode_sentences_per_sec': decode_rate, 'batch_size': batch_size,
       'source_length': bench.source_length, 'target_length': bench.target_length,
-      'dtype': cfg.dtype, 'devices': jax.device_count(), 'device_kind': jax.devices()[0].device_kind}
+      'dtype': cfg.dtype, 'devices': jax.device_count(), 'device_kind': jax.devices()[0].device_kind,
+      'grad_accum_steps': config.train.grad_accum_steps}
   _print_report(results, peak_source)
   return results
 

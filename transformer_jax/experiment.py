@@ -122,12 +122,38 @@ def validate_config(config) -> model_lib.ModelConfig:
   _require(model_cfg.max_length >= data_cfg.max_length or model_cfg.position_embedding != 'learned',
            'data.max_length', data_cfg.max_length, f'<= model.max_length={model_cfg.max_length} with learned '
            'positions')
-  sharding.mesh_shape(config.mesh, jax.device_count())
-  sharding.logical_axis_rules(config.mesh)
+  _check_mesh_divides_model(config, model_cfg, sharding.mesh_shape(config.mesh, jax.device_count()),
+                            sharding.logical_axis_rules(config.mesh))
   optim.make_optimizer(optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale),
                        b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                        grad_clip_norm=train_cfg.grad_clip_norm)
   return model_cfg
+
+
+def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_sizes, rules) -> None:
+  """Every model dimension split over mesh axes must divide by their size (checked before any write).
+
+  Raises:
+    ValueError: naming the model (or data) key and the mesh keys, e.g. model.num_heads=3 with mesh.tensor=2.
+  """
+  sizes = dict(zip(sharding.MESH_AXES, mesh_sizes))
+  dimensions = {  # Logical axis -> the config keys and values of the dimensions that carry it.
+      sharding.HEADS: [('model.num_heads', model_cfg.num_heads)],
+      sharding.KV_HEADS: [('model.num_kv_heads', model_cfg.key_value_heads)],
+      sharding.MLP: [('model.d_ff', model_cfg.d_ff)],
+      sharding.EMBED: [('model.d_model', model_cfg.d_model)],
+      sharding.KV: [('model.d_k', model_cfg.d_k), ('model.d_v', model_cfg.d_v)],
+      sharding.VOCAB: [('data.vocab_size', model_cfg.vocab_size)],
+  }
+  for name, axes in rules:
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    axes = tuple(axis for axis in axes if axis is not None and sizes[axis] > 1)
+    split = math.prod(sizes[axis] for axis in axes)
+    for key, value in dimensions.get(name, []):
+      if split > 1 and value % split:
+        mesh_keys = ' x '.join(f'mesh.{axis}={sizes[axis]}' for axis in axes)
+        raise ValueError(f'{key}={value} does not divide by {mesh_keys} ({name!r} is split over '
+                         f'{axes} by mesh.logical_axis_rules): change {key} or the mesh')
 
 
 CHECKPOINT_SELECTIONS = ('average_last', 'best', 'average_best')
@@ -150,7 +176,7 @@ def _validate_selection(eval_cfg, train_cfg) -> None:
 
 def _validate_train(train_cfg) -> None:
   for key in ('num_train_steps', 'warmup_steps', 'log_every_steps', 'eval_every_steps',
-              'checkpoint_every_steps', 'max_checkpoints_to_keep'):
+              'checkpoint_every_steps', 'max_checkpoints_to_keep', 'grad_accum_steps'):
     _require(_is_positive_int(train_cfg[key]), f'train.{key}', train_cfg[key], 'a positive integer')
   _require(math.isfinite(train_cfg.learning_rate_scale) and train_cfg.learning_rate_scale > 0,
            'train.learning_rate_scale', train_cfg.learning_rate_scale, 'a finite number > 0')
@@ -246,6 +272,24 @@ class Setup:
             for key, value in batch.items() if key != 'example_index'}
 
 
+def compute_setup(config, workdir: str | None = None) -> Setup:
+  """The I/O-free half of `setup`: config checks, mesh, model and optimiser; no tokenizer or checkpoints.
+
+  Training (through `setup`), --mode=compile and --mode=benchmark all build the model, optimiser and mesh here,
+  so that what compile and benchmark measure is what training runs.
+
+  Raises:
+    ValueError: for a bad config value (`validate_config`).
+  """
+  model_cfg = validate_config(config)
+  train_cfg = config.train
+  schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
+  tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
+                            grad_clip_norm=train_cfg.grad_clip_norm)
+  return Setup(config, workdir, sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh),
+               tokenizer=None, model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule, checkpoints=None)
+
+
 def setup(config, workdir: str, data_splits=()) -> Setup:
   """Checks config, input files and workdir, then loads or trains the vocabulary and builds the model.
 
@@ -262,11 +306,10 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
     FileNotFoundError: for a missing input file.
     OSError: if the workdir cannot be created or written.
   """
-  model_cfg = validate_config(config)
+  s = compute_setup(config, workdir)
+  model_cfg = s.model.cfg
   check_data_files(config.data, data_splits)
   _check_writable(workdir)
-  mesh = sharding.make_mesh(config.mesh)
-  rules = sharding.logical_axis_rules(config.mesh)
   # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would
   # otherwise leave a second spm_<vocab_size>.model behind before failing.
   manager = open_checkpoints(config, workdir, model_cfg)
@@ -278,12 +321,8 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
   except BaseException:
     manager.close()  # Its threads would outlive the error.
     raise
-  schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps, config.train.learning_rate_scale)
-  tx = optim.make_optimizer(schedule, b1=config.train.adam_b1, b2=config.train.adam_b2,
-                            eps=config.train.adam_eps, grad_clip_norm=config.train.grad_clip_norm)
   best = open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
-  return Setup(config, workdir, mesh, rules, tokenizer, model_lib.Transformer(model_cfg), tx, schedule, manager,
-               best)
+  return dataclasses.replace(s, tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best)
 
 
 def open_checkpoints(config, workdir: str,

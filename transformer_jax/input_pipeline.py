@@ -3,8 +3,10 @@
 Sec. 5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch contained a
 set of sentence pairs containing approximately 25000 source tokens and 25000 target tokens." Here a pair goes to
 the smallest bucket length L >= max(source length, target length), EOS included, among `data.bucket_lengths`
-(capped at, and completed with, `data.max_length`); a bucket's batch holds tokens_per_batch // L rows, rounded
-down to a multiple of `batch_size_multiple` (the number of data shards). So every batch has at most
+(capped at, and completed with, `data.max_length`); a bucket's batch holds tokens_per_batch // L rows (rounded
+down to a multiple of `batch_size_multiple`, 1 in training). Training batches are then completed with empty rows
+(weight 0) to a multiple of `pad_rows_to` (data shards x train.grad_accum_steps), so the sentences of every
+global batch are a function of the config alone, whatever the mesh or process count. So every batch has at most
 tokens_per_batch slots per side and one of a few fixed shapes, which bounds recompilation. Training pairs longer
 than max_length or with an empty side are skipped (counts logged). Every pair is used once per epoch: the pairs
 that do not fill a last batch of their bucket move up to the next bucket, and only the largest bucket's last batch
@@ -289,7 +291,7 @@ class TrainIterator:
 
   def __init__(self, source: Ids, target: Ids, *, tokens_per_batch: int, max_length: int,
                bucket_lengths: Sequence[int], packing: bool = False, batch_size_multiple: int = 1,
-               shuffle_seed: int = 0, process_index: int = 0, process_count: int = 1):
+               shuffle_seed: int = 0, process_index: int = 0, process_count: int = 1, pad_rows_to: int = 1):
     """Filters the pairs and fixes the batch shapes.
 
     Args:
@@ -298,19 +300,23 @@ class TrainIterator:
       max_length: longest pair kept, EOS included.
       bucket_lengths: bucket lengths, capped at max_length.
       packing: pack several pairs per row (not in the paper).
-      batch_size_multiple: every global batch size is a multiple of this (the number of data shards).
+      batch_size_multiple: the planned rows of a batch are rounded down to a multiple of this. Training keeps 1
+        and pads instead (pad_rows_to), so that the batches do not depend on the mesh.
       shuffle_seed: seeds every epoch's shuffle.
       process_index, process_count: this host and the number of hosts.
+      pad_rows_to: every global batch is completed with empty rows (all PAD, weight 0) to a multiple of this
+        (data shards x train.grad_accum_steps); the planned sentences do not depend on it.
 
     Raises:
       ValueError: if source and target differ in length, no pair is left, or a batch size rounds down to 0 or
-        does not divide by process_count.
+        (padded) does not divide by process_count.
     """
     source, target = as_ragged(source), as_ragged(target)
     if len(source) != len(target):
       raise ValueError(f'{len(source)} source sentences but {len(target)} target sentences.')
     self._source, self._target, self._packing = source, target, packing
     self._seed, self._process = shuffle_seed, (process_index, process_count)
+    self._tokens_per_batch, self._batch_size_multiple = tokens_per_batch, batch_size_multiple
     self._lengths = np.stack([source.lengths, target.lengths]) + 1  # [2, num_pairs], EOS included.
     self._pairs = _kept_pairs(source.lengths, target.lengths, max_length)
     if not len(self._pairs):
@@ -320,11 +326,17 @@ class TrainIterator:
     bucket_of[self._pairs] = np.searchsorted(buckets, self._lengths[:, self._pairs].max(axis=0))
     used = [int(bucket_of[self._pairs].max())] if packing else np.unique(bucket_of[self._pairs]).tolist()
     self._bucket_of = bucket_of
-    self._shapes = {b: (batch_size_for(int(buckets[b]), tokens_per_batch, batch_size_multiple, process_count),
-                        int(buckets[b])) for b in used}
+    self._shapes = {b: (batch_size_for(int(buckets[b]), tokens_per_batch, batch_size_multiple,
+                                       process_count if pad_rows_to == 1 else 1), int(buckets[b])) for b in used}
+    # The global batch shapes: the planned rows, padded with empty rows to a multiple of pad_rows_to.
+    self._padded = {b: (-(-rows // pad_rows_to) * pad_rows_to, length) for b, (rows, length) in self._shapes.items()}
+    for rows, length in self._padded.values():
+      if rows % process_count:
+        raise ValueError(f'Batch size {rows} (length {length}) does not divide by process_count={process_count}; '
+                         'pad_rows_to should be a multiple of it.')
     self._epoch, self._position, self._plan = 0, 0, (-1, [])
     # Every epoch has the same shapes: how many pairs move up from a bucket depends only on the bucket sizes.
-    self._shapes_used = sorted(self._shapes.values() if packing else {self._shapes[b] for b, _ in self._epoch_plan()})
+    self._shapes_used = sorted(self._padded.values() if packing else {self._padded[b] for b, _ in self._epoch_plan()})
     logging.info('%d distinct global batch shapes [batch, length] (%s): %s', len(self._shapes_used),
                  'packed' if packing else 'bucketed', self._shapes_used)
 
@@ -334,14 +346,44 @@ class TrainIterator:
     return self._shapes_used
 
   def get_state(self) -> dict[str, int]:
-    """{'epoch', 'position'}: position is the next batch (bucketed) or pair (packed) of the epoch."""
-    return {'epoch': self._epoch, 'position': self._position}
+    """{'epoch', 'position', 'tokens_per_batch'}: a global position, whatever the mesh or process count.
+
+    position is the next batch (bucketed) or pair (packed) of the epoch's plan, which depends on the config
+    only (`pad_rows_to` adds empty rows, never sentences); tokens_per_batch says which batches it counts.
+    """
+    return {'epoch': self._epoch, 'position': self._position, 'tokens_per_batch': self._tokens_per_batch}
 
   def set_state(self, state: dict[str, int]) -> None:
-    """Restores `get_state()`, so that the next batch is the one that followed it."""
-    if set(state) != {'epoch', 'position'}:
-      raise ValueError(f"State must have keys 'epoch' and 'position', got {sorted(state)}.")
+    """Restores `get_state()`, so that the next batch is the one that followed it (on any topology).
+
+    A state saved with another tokens_per_batch (bucketed batches) continues the same epoch: the pairs its
+    first `position` batches held are left out, and the rest of the epoch is batched anew at this
+    tokens_per_batch (logged), so that no pair is seen twice or skipped. Packed positions count pairs, which
+    any tokens_per_batch continues. States without tokens_per_batch (older checkpoints) mean this one.
+
+    Raises:
+      ValueError: for other keys.
+    """
+    if set(state) not in ({'epoch', 'position'}, {'epoch', 'position', 'tokens_per_batch'}):
+      raise ValueError(f"State must have keys 'epoch' and 'position' (and 'tokens_per_batch'), got {sorted(state)}.")
     self._epoch, self._position = int(state['epoch']), int(state['position'])
+    saved = int(state.get('tokens_per_batch', self._tokens_per_batch))
+    if saved == self._tokens_per_batch or self._packing:
+      return
+    old_shapes = {b: (batch_size_for(length, saved, self._batch_size_multiple), length)
+                  for b, (_, length) in self._shapes.items()}
+    old_plan = _bucketed_plan(np.random.default_rng([self._seed, self._epoch]), self._pairs, self._bucket_of,
+                              old_shapes)
+    seen = np.concatenate([pairs for _, pairs in old_plan[:self._position]] or [np.zeros(0, np.int64)])
+    rest = np.setdiff1d(self._pairs, seen)
+    plan = _bucketed_plan(np.random.default_rng([self._seed, self._epoch, 1]), rest, self._bucket_of,
+                          self._shapes)
+    self._plan, self._position = (self._epoch, plan), 0
+    logging.warning('The data position was saved with data.tokens_per_batch=%d, this run has %d: the %d pairs '
+                    'left of epoch %d are batched anew at %d (none repeated, none skipped). Each step is still one '
+                    'update, so train.num_train_steps and the learning-rate schedule (warmup_steps) now count '
+                    'updates of the new batch size.', saved, self._tokens_per_batch, len(rest), self._epoch,
+                    self._tokens_per_batch)
 
   def _epoch_plan(self) -> list[tuple[int, np.ndarray]] | np.ndarray:
     if self._plan[0] != self._epoch:
@@ -359,18 +401,19 @@ class TrainIterator:
       self._epoch, self._position = self._epoch + 1, 0
     plan = self._epoch_plan()
     if self._packing:
-      shape = next(iter(self._shapes.values()))
-      pairs, placement, self._position = _pack(self._lengths, plan, self._position, shape)
+      bucket = next(iter(self._shapes))
+      pairs, placement, self._position = _pack(self._lengths, plan, self._position, self._shapes[bucket])
     else:
       bucket, pairs = plan[self._position]
-      shape, placement = self._shapes[bucket], _unpacked(len(pairs))
+      placement = _unpacked(len(pairs))
       self._position += 1
-    batch = _make_batch(self._source, self._target, pairs, placement, shape, self._packing)
+    batch = _make_batch(self._source, self._target, pairs, placement, self._padded[bucket], self._packing)
     return _host_slice(batch, *self._process)
 
   @classmethod
   def from_config(cls, data_config: Any, source: Ids, target: Ids, **kwargs) -> 'TrainIterator':
-    """Takes the batching fields of `config.data`; kwargs: batch_size_multiple, process_index, process_count."""
+    """Takes the batching fields of `config.data`; kwargs: pad_rows_to, batch_size_multiple, process_index,
+    process_count."""
     return cls(source, target, tokens_per_batch=data_config.tokens_per_batch, max_length=data_config.max_length,
                bucket_lengths=data_config.bucket_lengths, packing=data_config.packing,
                shuffle_seed=data_config.shuffle_seed, **kwargs)

@@ -17,6 +17,7 @@ Reliability, as the loop implements it:
 import datetime
 import functools
 import json
+import math
 import signal
 import sys
 import threading
@@ -65,8 +66,15 @@ def target_weights(batch: Batch) -> Array:
 
 
 def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
-               tx: optax.GradientTransformation, label_smoothing: float) -> tuple[TrainState, dict[str, Array]]:
+               tx: optax.GradientTransformation, label_smoothing: float,
+               grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, Array]]:
   """One Adam update on the label-smoothed loss averaged over the batch's real target tokens.
+
+  With grad_accum_steps = n > 1 the batch is cut into n micro-batches (rows i, i + n, i + 2n, ... form
+  micro-batch i, so every device keeps an equal share of each), whose gradients a `lax.scan` sums: activations
+  are held for one micro-batch at a time, and the update is the one of the whole batch. Each micro-batch's
+  loss is divided by the whole batch's token count (over every micro-batch and device), so the sum of their
+  gradients is the gradient of (x1 + ... + xn) / (n1 + ... + nn), not a mean of per-micro-batch means.
 
   A non-finite loss, gradient or parameter update leaves the state unchanged except for the step counter
   (the parameters are never overwritten with NaN or inf) and reports `nonfinite=1`; the caller stops or
@@ -79,21 +87,43 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
     model: the Transformer (static).
     tx: the optimiser (static).
     label_smoothing: ε_ls (static).
+    grad_accum_steps: micro-batches per update (static); it must divide the batch's rows.
 
   Returns:
     (new state, metrics): float32 sums `loss_sum`, `nll_sum`, `correct_sum`, `token_count`, plus
     `grad_norm` and `nonfinite` (1.0 when the update was not applied) for this step.
+
+  Raises:
+    ValueError: at trace time, if grad_accum_steps does not divide the rows of the batch.
   """
   dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-  weights = target_weights(batch)
+  token_count = jnp.maximum(jnp.sum(target_weights(batch)), 1.0)
 
-  def loss_fn(params):
-    logits = model.apply({'params': params}, batch['source_tokens'], batch['decoder_input_tokens'],
-                         **model_inputs(batch), deterministic=False, rngs={'dropout': dropout_rng})
-    sums = losses.smoothed_cross_entropy(logits, batch['target_tokens'], weights, label_smoothing)
-    return sums['loss_sum'] / jnp.maximum(sums['token_count'], 1.0), sums
+  def loss_fn(params, micro_batch, rng):
+    logits = model.apply({'params': params}, micro_batch['source_tokens'], micro_batch['decoder_input_tokens'],
+                         **model_inputs(micro_batch), deterministic=False, rngs={'dropout': rng})
+    sums = losses.smoothed_cross_entropy(logits, micro_batch['target_tokens'], target_weights(micro_batch),
+                                         label_smoothing)
+    return sums['loss_sum'] / token_count, sums
 
-  grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+  if grad_accum_steps == 1:
+    grads, sums = grad_fn(state.params, batch, dropout_rng)
+  else:
+    rows = batch['source_tokens'].shape[0]
+    if rows % grad_accum_steps:
+      raise ValueError(f'train.grad_accum_steps={grad_accum_steps} does not divide the {rows} rows of a batch')
+    micro_batches = jax.tree.map(  # [n, rows / n, length]; micro-batch i holds rows i, i + n, ...
+        lambda x: jnp.swapaxes(x.reshape(rows // grad_accum_steps, grad_accum_steps, *x.shape[1:]), 0, 1), batch)
+
+    def accumulate(totals, inputs):
+      index, micro_batch = inputs
+      step_grads, step_sums = grad_fn(state.params, micro_batch, jax.random.fold_in(dropout_rng, index))
+      return jax.tree.map(jnp.add, totals, (step_grads, step_sums)), None
+
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(
+        grad_fn, state.params, jax.tree.map(lambda x: x[0], micro_batches), dropout_rng))
+    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   grad_norm = optax.tree.norm(grads)
@@ -130,7 +160,8 @@ def jit_steps(s: Setup, state_sharding):
   """
   batch_sharding = sharding.batch_sharding(s.mesh)
   train_fn = jax.jit(
-      functools.partial(train_step, model=s.model, tx=s.tx, label_smoothing=s.config.train.label_smoothing),
+      functools.partial(train_step, model=s.model, tx=s.tx, label_smoothing=s.config.train.label_smoothing,
+                        grad_accum_steps=s.config.train.grad_accum_steps),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None), donate_argnums=0)
   eval_fn = jax.jit(
       functools.partial(eval_step, model=s.model, label_smoothing=s.config.train.label_smoothing),
@@ -257,7 +288,8 @@ def _load_data(s: Setup) -> _Data:
   train_source, train_target = input_pipeline.load_split(data_cfg, data_cfg.train_split)
   train_iter = input_pipeline.TrainIterator.from_config(
       data_cfg, input_pipeline.encode(s.tokenizer, train_source), input_pipeline.encode(s.tokenizer, train_target),
-      batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
+      pad_rows_to=s.data_shards * s.config.train.grad_accum_steps, process_index=jax.process_index(),
+      process_count=jax.process_count())
   del train_source, train_target
   eval_split = encode_split(s, data_cfg.eval_split)
   test = encode_split(s, data_cfg.test_split) if s.config.train.translate_at_end else None
@@ -358,15 +390,17 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     state, state_sharding = _restore_or_init(s, data)
     train_fn, eval_fn = jit_steps(s, state_sharding)
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
+    start = time.perf_counter()
     with _StopRequest() as stop, jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
       state, stopped_at = _train_loop(s, state, train_fn, eval_fn, data, writer, stop)
+    run_info = {'train_wall_seconds': time.perf_counter() - start, 'train_steps': int(state.step)}
     s.checkpoints.wait_until_finished()
     if stopped_at is not None:
       logging.warning('Stopped by %s after step %d: saved checkpoint step %d in %s. Run the same command to '
                       'resume.', stop.reason, stopped_at, s.checkpoints.latest_step(), s.checkpoints.directory)
       return {'stopped_at_step': stopped_at}
     return final_evaluation(s, eval_fn, data.eval_batches, writer, test_split=data.test,
-                            eval_split=data.eval_split)
+                            eval_split=data.eval_split, run_info=run_info)
   finally:
     if writer is not None:
       writer.close()
@@ -434,7 +468,7 @@ def load_params(s: Setup):
 
 
 def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=None,
-                     eval_split=None) -> dict[str, float]:
+                     eval_split=None, run_info=None) -> dict[str, float]:
   """Validation metrics and BLEU, and test BLEU, of the chosen checkpoints (`load_params`).
 
   Hypotheses are written to `<workdir>/<split>.hyp.<target_lang>` and every figure to
@@ -447,6 +481,9 @@ def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=No
     writer: a tensorboardX writer, or None.
     test_split: `encode_split` of the test split, if already loaded; read when None.
     eval_split: `encode_split` of the validation split, if already loaded; read when None.
+    run_info: figures of the training run to store in final_metrics.json beside the evaluation's
+      (`train_wall_seconds`: this invocation's training loop, compilation and validation included;
+      `train_steps`), or None.
 
   Returns:
     Validation loss, nll, perplexity, accuracy; with train.translate_at_end also `validation_bleu`,
@@ -459,7 +496,7 @@ def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=No
     results = _validate(s, eval_fn, params, eval_batches, steps[-1])
     write_scalars(writer, steps[-1], results, 'eval_averaged')
     if not s.config.train.translate_at_end:
-      _write_final_metrics(s, results, steps)
+      _write_final_metrics(s, results, steps, run_info)
       return results
     eval_split = eval_split or encode_split(s, data_cfg.eval_split)
     hypotheses = translate_ids(s, params, eval_split[2])
@@ -477,7 +514,7 @@ def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=No
   results['decode_sentences_per_sec'] = len(sources) / seconds
   write_scalars(writer, steps[-1], {key: scores[key] for key in ('bleu', 'tokenized_bleu',
                                                                   'lowercased_tokenized_bleu')}, 'test')
-  _write_final_metrics(s, results, steps)
+  _write_final_metrics(s, results, steps, run_info)
   logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(sources), seconds,
                len(sources) / seconds, path)
   print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {data_cfg.eval_split}; lowercased '
@@ -497,11 +534,14 @@ def _write_hypotheses(s: Setup, split: str, hypotheses: list[str]) -> epath.Path
   return path
 
 
-def _write_final_metrics(s: Setup, results: dict[str, float], steps: list[int]) -> None:
-  """`<workdir>/final_metrics.json`: the final evaluation's figures and the checkpoints they come from."""
+def _write_final_metrics(s: Setup, results: dict[str, float], steps: list[int], run_info=None) -> None:
+  """`<workdir>/final_metrics.json`: the final evaluation's figures, the checkpoints they come from and the
+  parameter count (what transformer_jax.report reads)."""
   if jax.process_index() == 0:
-    record = {key: float(value) for key, value in results.items()} | {
-        'checkpoint_steps': list(steps), 'checkpoint_selection': s.config.eval.checkpoint_selection}
+    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(s.abstract_state().params))
+    record = {key: float(value) for key, value in results.items()} | (run_info or {}) | {
+        'checkpoint_steps': list(steps), 'checkpoint_selection': s.config.eval.checkpoint_selection,
+        'num_params': num_params}
     (epath.Path(s.workdir) / 'final_metrics.json').write_text(json.dumps(record, indent=2, sort_keys=True))
 
 
