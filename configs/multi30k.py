@@ -23,11 +23,19 @@ What differs from the paper, and why (a 29k-pair corpus on 2 cores instead of 4.
 from configs import base
 
 
-def get_config():
+def get_config(target_lang: str | None = None):
+  """English->German, or English->French with `--config=configs/multi30k.py:fr`.
+
+  Raises:
+    ValueError: for a target language Multi30k does not have.
+  """
+  target_lang = target_lang or 'de'
+  if target_lang not in ('de', 'fr'):
+    raise ValueError(f"configs/multi30k.py:{target_lang}: Multi30k's targets are 'de' and 'fr'")
   config = base.get_config()
   config.model.update(num_layers=3, d_model=256, d_ff=1024, num_heads=4, d_k=64, d_v=64,
                       dropout_rate=0.1, max_length=128, dtype='bfloat16')
-  config.data.update(dataset='multi30k', source_lang='en', target_lang='de', eval_split='validation',
+  config.data.update(dataset='multi30k', source_lang='en', target_lang=target_lang, eval_split='validation',
                      test_split='test', vocab_size=8000, tokens_per_batch=2048, max_length=128,
                      bucket_lengths=(16, 24, 32, 48, 64, 128))
   config.train.update(num_train_steps=3600, warmup_steps=400, learning_rate_scale=0.5, log_every_steps=100,

@@ -145,8 +145,16 @@ def get_config(row: str | None = None) -> ml_collections.ConfigDict:
   if row not in ROWS:
     raise ValueError(f'unknown Table 3 row {row!r}; valid rows: {", ".join(ROWS)} '
                      '(use --config=configs/table3.py:<row>)')
-  config = big.get_config() if row == 'big' else base.get_config()
-  for path, value in ROWS[row].items():
+  return apply_row(big.get_config() if row == 'big' else base.get_config(), row, ROWS[row])
+
+
+def apply_row(config: ml_collections.ConfigDict, row: str, overrides: dict) -> ml_collections.ConfigDict:
+  """Sets each dotted `overrides` path of `config` (in place) and returns it.
+
+  Raises:
+    ValueError: for a path that is not a field of configs/base.py.
+  """
+  for path, value in overrides.items():
     section, field = path.split('.')
     if field not in config[section]:  # ConfigDict would add a misspelt field silently.
       raise ValueError(f'Table 3 row {row}: {path} is not a field of configs/base.py')

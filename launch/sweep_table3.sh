@@ -1,31 +1,41 @@
 #!/usr/bin/env bash
-# One training run per row of Table 3 (configs/table3.py ROWS), each with its own workdir.
+# One training run per row of Table 3 (configs/table3.py ROWS), each with its own workdir, then the report.
 #
 #   launch/sweep_table3.sh --dry-run                       # print the command of every row
 #   launch/sweep_table3.sh A1 B1 C3                        # run chosen rows, one after another, here
+#   launch/sweep_table3.sh --table=multi30k -- --config.data.manual_dir=../shared/data/multi30k
+#                                                          # configs/table3_multi30k.py: every row on a CPU
 #   launch/sweep_table3.sh --launcher=slurm                # one sbatch job per row (launch/slurm.sbatch)
 #   launch/sweep_table3.sh --launcher=tpu --workdir-root=gs://BUCKET/table3 A1
 #                                                          # on TPU VM "$TPU_PREFIX-<row>" (created beforehand)
 #   launch/sweep_table3.sh C1 -- --config.train.num_train_steps=1000   # flags after -- go to every run
 #
-# Options: --dry-run, --launcher={local,slurm,tpu} (default local), --workdir-root=DIR (default runs/table3;
-# row R trains in DIR/R). Rows default to all of ROWS, in table order. The rows and their hyperparameters
-# come from configs/table3.py only. PYTHON picks the interpreter (default python3); TPU_PREFIX (default
-# table3) names the TPU VMs.
+# Options: --dry-run, --launcher={local,slurm,tpu} (default local), --table={paper,multi30k} (the rows of
+# configs/table3.py or configs/table3_multi30k.py; default paper), --workdir-root=DIR (default runs/table3 or
+# runs/table3_multi30k; row R trains in DIR/R), --rerun (also rows that finished). Rows default to all of ROWS,
+# in table order; a row whose workdir holds final_metrics.json has finished and is skipped, so an interrupted
+# sweep completes on the next invocation (a partly trained row resumes from its checkpoints). Local runs
+# record their exit status in DIR/R/sweep_status.json, and the sweep ends with `python -m
+# transformer_jax.report DIR`. The rows and their hyperparameters come from the configs only. PYTHON picks
+# the interpreter (default python3); TPU_PREFIX (default table3) names the TPU VMs.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 dry_run=0
+rerun=0
 launcher=local
-workdir_root=runs/table3
+table=paper
+workdir_root=
 rows=()
 extra=()
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
+    --rerun) rerun=1 ;;
     --launcher=*) launcher=${1#*=} ;;
+    --table=*) table=${1#*=} ;;
     --workdir-root=*) workdir_root=${1#*=} ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
@@ -39,8 +49,15 @@ case "$launcher" in
   *) echo "--launcher must be local, slurm or tpu, got '$launcher'" >&2; exit 2 ;;
 esac
 
+case "$table" in
+  paper) config_file=configs/table3.py; module=table3 ;;
+  multi30k) config_file=configs/table3_multi30k.py; module=table3_multi30k ;;
+  *) echo "--table must be paper or multi30k, got '$table'" >&2; exit 2 ;;
+esac
+workdir_root=${workdir_root:-runs/$module}
+
 cd "$REPO_ROOT"
-mapfile -t all_rows < <("$PYTHON" -c 'from configs import table3; print("\n".join(table3.ROWS))')
+mapfile -t all_rows < <("$PYTHON" -c "from configs import $module; print('\n'.join($module.ROWS))")
 if [[ ${#rows[@]} -eq 0 ]]; then
   rows=("${all_rows[@]}")
 fi
@@ -53,7 +70,12 @@ done
 
 status=0
 for row in "${rows[@]}"; do
-  args=(--config="configs/table3.py:$row" --workdir="$workdir_root/$row" "${extra[@]}")
+  workdir="$workdir_root/$row"
+  if [[ $rerun == 0 && -f "$workdir/final_metrics.json" ]]; then
+    echo "row $row: finished ($workdir/final_metrics.json); skipped (--rerun runs it again)" >&2
+    continue
+  fi
+  args=(--config="$config_file:$row" --workdir="$workdir" "${extra[@]}")
   case "$launcher" in
     local) cmd=("$PYTHON" -m transformer_jax.main "${args[@]}") ;;
     slurm) cmd=(sbatch --job-name="table3-$row" launch/slurm.sbatch "${args[@]}") ;;
@@ -62,9 +84,20 @@ for row in "${rows[@]}"; do
   if [[ $dry_run == 1 ]]; then
     printf '%q ' "${cmd[@]}"
     echo
-  elif ! "${cmd[@]}"; then
-    echo "row $row failed" >&2
+    continue
+  fi
+  exit_status=0
+  "${cmd[@]}" || exit_status=$?
+  if [[ $launcher == local && -d "$workdir" ]]; then
+    printf '{"exit_status": %d, "finished_at": "%s"}\n' "$exit_status" "$(date -u +%FT%TZ)" \
+      > "$workdir/sweep_status.json"
+  fi
+  if [[ $exit_status != 0 ]]; then
+    echo "row $row failed (exit status $exit_status)" >&2
     status=1
   fi
 done
+if [[ $dry_run == 0 && $launcher == local ]]; then
+  "$PYTHON" -m transformer_jax.report "$workdir_root" --rows="$config_file" || status=1
+fi
 exit "$status"

@@ -30,10 +30,13 @@ def load_config_module(path: pathlib.Path):
 
 
 TABLE3 = load_config_module(CONFIG_DIR / 'table3.py')
+TABLE3_MULTI30K = load_config_module(CONFIG_DIR / 'table3_multi30k.py')
+ROW_FILES = {'table3.py': TABLE3, 'table3_multi30k.py': TABLE3_MULTI30K}  # Configs named as file.py:<row>.
 # (file name, argument after the colon or None): every way a config can be named on the command line.
 CONFIG_FILES = sorted(p for p in CONFIG_DIR.glob('*.py') if not p.name.startswith('_'))  # _*.py: not configs.
-CONFIG_ARGS = [(path.name, None) for path in CONFIG_FILES if path.name != 'table3.py']
-CONFIG_ARGS += [('table3.py', row) for row in TABLE3.ROWS]
+CONFIG_ARGS = [(path.name, None) for path in CONFIG_FILES if path.name not in ROW_FILES]
+CONFIG_ARGS += [(name, row) for name, module in ROW_FILES.items() for row in module.ROWS]
+CONFIG_ARGS += [('multi30k.py', 'fr')]  # English->French.
 
 
 @functools.cache
@@ -164,3 +167,9 @@ def test_variant_rows_change_only_their_fields_and_count_as_documented(row):
              if base[section][key] != config[section][key]}
   assert changed == set(TABLE3.VARIANT_ROWS[row]), row
   assert round(table3_count(row) / 1e6, 2) == VARIANT_COUNTS_MILLIONS[row]
+
+
+def test_multi30k_takes_the_target_language():
+  assert load('multi30k.py', 'fr').data.target_lang == 'fr' and load('multi30k.py', None).data.target_lang == 'de'
+  with pytest.raises(ValueError, match="Multi30k's targets are 'de' and 'fr'"):
+    load('multi30k.py', 'cs')

@@ -1,0 +1,97 @@
+"""Table 3 at Multi30k scale: every row of configs/table3.py applied, as the same relative change, to a small base.
+
+  python -m transformer_jax.main --config=configs/table3_multi30k.py:B1 --workdir=runs/table3_multi30k/B1 \
+      --config.data.manual_dir=../shared/data/multi30k
+  launch/sweep_table3.sh --table=multi30k -- --config.data.manual_dir=../shared/data/multi30k
+  python -m transformer_jax.report runs/table3_multi30k        # the table, a CSV/JSON and a figure
+
+The base row is the paper's base scaled down by the same factor in every width: N=3, d_model=256, d_ff=1024
+(4 x d_model, as the paper), h=4, d_k=d_v=64 (h * d_k = d_model, as the paper), P_drop=0.1, eps_ls=0.1, on
+Multi30k English->German with a shared BPE vocabulary of 8,000. Each row changes base as the paper's row
+changes the paper's base:
+
+  A1-A4  h = 1, 2, 8, 16 with h * d_k = d_v * h = 256 (the paper: 1, 4, 16, 32 with h * d_k = 512)
+  B1, B2 d_k = 16, 32 (a quarter and a half, as 16 and 32 of 64); d_v stays 64
+  C1-C3  N = 1, 2, 4 (the paper's 2, 4, 8 of 6: a third, two thirds and four thirds, rounded)
+  C4, C5 d_model = 128, 512 with d_k = d_v = 32, 128 (halved and doubled, as the paper)
+  C6, C7 d_ff = 512, 2048 (halved and doubled, as the paper's 1024 and 4096 of 2048)
+  D1-D4  P_drop = 0.0, 0.2; eps_ls = 0.0, 0.2 (the paper's values)
+  E      learned positions (a table of data.max_length + decode.extra_length = 178 rows)
+  big    d_model=512, d_ff=2048, h=8, P_drop=0.3 (the paper's big, halved in width as base is); the same
+         step budget as every row (the paper trains big 3x longer)
+  F1-F8  the later variants of configs/table3.py (gated FFNs at d_ff = 2/3 * 1024 = 682)
+
+Budget: every row trains BUDGET_STEPS = 300 steps of ~2,048 source + 2,048 target tokens (~1.5 epochs of
+Multi30k; peak learning rate 2.2e-3 at d_model 256 after 100 warmup steps), the last 3 checkpoints (steps 200,
+250, 300) averaged, greedy decoding of the dev and test splits (beam search changes BLEU by ~1-2 points at ~2x
+the decoding time, for every row alike). About 2.5 minutes a row on a 2-core CPU, so the 28 rows take ~70
+minutes: a budget that ranks how fast each row learns, not where it converges. The figures measured with it
+are in docs/table3_multi30k.md.
+"""
+import ml_collections
+
+from configs import base
+from configs import table3
+
+BUDGET_STEPS = 300
+_D_FF = 1024
+
+# The rows of configs/table3.py, as changes of the Multi30k base (above). Keys are dotted config paths.
+ROWS = {
+    'base': {},
+    'A1': {'model.num_heads': 1, 'model.d_k': 256, 'model.d_v': 256},
+    'A2': {'model.num_heads': 2, 'model.d_k': 128, 'model.d_v': 128},
+    'A3': {'model.num_heads': 8, 'model.d_k': 32, 'model.d_v': 32},
+    'A4': {'model.num_heads': 16, 'model.d_k': 16, 'model.d_v': 16},
+    'B1': {'model.d_k': 16},
+    'B2': {'model.d_k': 32},
+    'C1': {'model.num_layers': 1},
+    'C2': {'model.num_layers': 2},
+    'C3': {'model.num_layers': 4},
+    'C4': {'model.d_model': 128, 'model.d_k': 32, 'model.d_v': 32},
+    'C5': {'model.d_model': 512, 'model.d_k': 128, 'model.d_v': 128},
+    'C6': {'model.d_ff': 512},
+    'C7': {'model.d_ff': 2048},
+    'D1': {'model.dropout_rate': 0.0},
+    'D2': {'model.dropout_rate': 0.2},
+    'D3': {'train.label_smoothing': 0.0},
+    'D4': {'train.label_smoothing': 0.2},
+    'E': {'model.position_embedding': 'learned', 'model.max_length': 178},
+    'big': {'model.d_model': 512, 'model.d_ff': 2048, 'model.num_heads': 8, 'model.dropout_rate': 0.3},
+} | {row: {path: (_D_FF * 2 // 3 if path == 'model.d_ff' else value) for path, value in overrides.items()}
+     for row, overrides in table3.VARIANT_ROWS.items()}
+
+NOTES = table3.NOTES | {
+    'A1': 'h=1, d_k=d_v=256', 'A2': 'h=2, d_k=d_v=128', 'A3': 'h=8, d_k=d_v=32', 'A4': 'h=16, d_k=d_v=16',
+    'C1': 'N=1', 'C2': 'N=2', 'C3': 'N=4', 'C4': 'd_model=128, d_k=d_v=32', 'C5': 'd_model=512, d_k=d_v=128',
+    'C6': 'd_ff=512', 'C7': 'd_ff=2048', 'big': 'd_model=512, d_ff=2048, h=8, P_drop=0.3',
+    'F4': 'SwiGLU, d_ff=682 (Shazeer, 2020)', 'F5': 'GeGLU, d_ff=682 (Shazeer, 2020)',
+}
+PAPER = table3.PAPER
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """The Multi30k base row (see the module docstring)."""
+  config = base.get_config()
+  config.model.update(num_layers=3, d_model=256, d_ff=_D_FF, num_heads=4, d_k=64, d_v=64, dropout_rate=0.1,
+                      max_length=128, dtype='bfloat16')
+  config.data.update(dataset='multi30k', vocab_size=8000, tokens_per_batch=2048, max_length=128,
+                     bucket_lengths=(16, 24, 32, 48, 64, 128))
+  config.train.update(num_train_steps=BUDGET_STEPS, warmup_steps=100, learning_rate_scale=0.35,
+                      log_every_steps=50, eval_every_steps=BUDGET_STEPS, checkpoint_every_steps=50,
+                      max_checkpoints_to_keep=3)
+  config.eval.average_last_n = 3
+  config.decode.beam_size = 1
+  return config
+
+
+def get_config(row: str | None = None) -> ml_collections.ConfigDict:
+  """The config of one row, as `--config=configs/table3_multi30k.py:<row>`.
+
+  Raises:
+    ValueError: for a missing or unknown row (listing the valid ones), or an override of a field base lacks.
+  """
+  if row not in ROWS:
+    raise ValueError(f'unknown Table 3 row {row!r}; valid rows: {", ".join(ROWS)} '
+                     '(use --config=configs/table3_multi30k.py:<row>)')
+  return table3.apply_row(base_config(), row, ROWS[row])

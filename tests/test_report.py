@@ -1,0 +1,110 @@
+"""Tests for transformer_jax.report and the Table 3 sweep around it: every row appears with its state, the
+numbers are the runs' own, the sweep skips finished rows and records failures, and the Multi30k rows change
+exactly the fields they name."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from transformer_jax import report
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROWS_FILE = REPO_ROOT / 'configs' / 'table3_multi30k.py'
+if str(REPO_ROOT) not in sys.path:
+  sys.path.insert(0, str(REPO_ROOT))
+from configs import base as base_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import table3_multi30k  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def fake_run(workdir: pathlib.Path, row: str, metrics: dict | None = None, exit_status: int | None = None):
+  """A workdir as a run leaves it: config.json always, final_metrics.json when finished, sweep_status.json."""
+  workdir.mkdir(parents=True)
+  (workdir / 'config.json').write_text(table3_multi30k.get_config(row).to_json())
+  if metrics is not None:
+    (workdir / 'final_metrics.json').write_text(json.dumps(metrics))
+  if exit_status is not None:
+    (workdir / 'sweep_status.json').write_text(json.dumps({'exit_status': exit_status}))
+
+
+def finished(perplexity, num_params=10_000_000):
+  return {'perplexity': perplexity, 'validation_bleu': 30.0, 'bleu': 31.5, 'num_params': num_params,
+          'train_wall_seconds': 120.0, 'train_steps': 600, 'checkpoint_steps': [400, 500, 600]}
+
+
+def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
+  fake_run(tmp_path / 'base', 'base', finished(9.0, 12_345_678))
+  fake_run(tmp_path / 'A1', 'A1', finished(9.5))
+  fake_run(tmp_path / 'C1', 'C1', finished(12.0))
+  fake_run(tmp_path / 'D1', 'D1', finished(10.0))
+  fake_run(tmp_path / 'B1', 'B1')                    # Still training (or killed): no final metrics.
+  fake_run(tmp_path / 'B2', 'B2', exit_status=1)     # The sweep saw it fail.
+  (tmp_path / 'scratch').mkdir()                     # Not a row: listed after the rows.
+  text = report.write_report(tmp_path, ROWS_FILE)
+  records = {r['row']: r for r in json.loads((tmp_path / 'table3.json').read_text())['rows']}
+  assert list(records)[:len(table3_multi30k.ROWS)] == list(table3_multi30k.ROWS) and 'scratch' in records
+  assert records['base']['status'] == 'finished' and records['base']['params_millions'] == pytest.approx(12.345678)
+  assert records['base']['dev_perplexity'] == 9.0 and records['base']['test_bleu'] == 31.5
+  assert records['base']['train_minutes'] == pytest.approx(2.0) and records['base']['train_steps'] == 600
+  assert records['A1']['num_heads'] == 1 and records['A1']['d_k'] == 256  # From the run's config.json.
+  assert records['B1']['status'] == 'unfinished' and records['B1']['dev_perplexity'] is None
+  assert records['B2']['status'] == 'failed (exit 1)'
+  assert records['C2']['status'] == 'not run'
+  assert records['C1']['paper_ppl_dev'] == 6.11 and records['base']['paper_params_millions'] == 65
+  # Ours 9.0 < 9.5 < 10.0 < 12.0 for base, A1, D1, C1; the paper's 4.92 < 5.29 < 5.77 < 6.11: the same order.
+  assert json.loads((tmp_path / 'table3.json').read_text())['spearman_dev_perplexity'] == pytest.approx(1.0)
+  assert 'Spearman rank correlation of dev perplexity with the paper\'s: 1.00 over 4 rows.' in text
+  header = text.splitlines()[0]
+  for column in ('dev PPL', 'dev BLEU', 'test BLEU', 'params', 'train min', 'paper PPL', 'P_drop', 'ε_ls'):
+    assert column in header
+  assert (tmp_path / 'table3_perplexity.png').stat().st_size > 1000
+  assert (tmp_path / 'table3.csv').read_text().count('\n') == len(records) + 1
+
+
+def test_rank_correlation_reverses_with_the_order():
+  records = [dict(dev_perplexity=p, paper_ppl_dev=q) for p, q in ((1, 3), (2, 2), (3, 1), (None, 5))]
+  rho, count = report.rank_correlation(records)
+  assert count == 3 and rho == pytest.approx(-1.0)
+  assert np.isnan(report.rank_correlation(records[:2])[0])
+
+
+def run_sweep(tmp_path, *args, python=sys.executable):
+  env = dict(os.environ, PYTHON=str(python))
+  return subprocess.run(['bash', 'launch/sweep_table3.sh', '--table=multi30k', f'--workdir-root={tmp_path}',
+                         *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_sweep_skips_finished_rows_and_records_failures(tmp_path):
+  fake_run(tmp_path / 'base', 'base', finished(9.0))
+  dry = run_sweep(tmp_path, '--dry-run', 'base', 'A1')
+  assert dry.returncode == 0 and 'row base: finished' in dry.stderr
+  assert [line.split('--workdir=')[1].strip() for line in dry.stdout.splitlines()] == [str(tmp_path / 'A1')]
+  assert len(run_sweep(tmp_path, '--dry-run', '--rerun', 'base').stdout.splitlines()) == 1
+
+  # A stand-in interpreter whose training runs fail with status 3 after creating their workdir.
+  fake_python = tmp_path / 'python'
+  fake_python.write_text('#!/usr/bin/env bash\nif [[ "$2" == transformer_jax.main ]]; then\n'
+                         '  for a in "$@"; do [[ $a == --workdir=* ]] && mkdir -p "${a#--workdir=}"; done; exit 3\n'
+                         f'fi\nexec {sys.executable} "$@"\n')
+  fake_python.chmod(0o755)
+  result = run_sweep(tmp_path, 'base', 'A1', python=fake_python)
+  assert result.returncode == 1 and 'row A1 failed (exit status 3)' in result.stderr
+  assert json.loads((tmp_path / 'A1' / 'sweep_status.json').read_text())['exit_status'] == 3
+  records = {r['row']: r for r in json.loads((tmp_path / 'table3.json').read_text())['rows']}
+  assert records['A1']['status'] == 'failed (exit 3)' and records['base']['status'] == 'finished'
+
+
+@pytest.mark.parametrize('row', list(table3_multi30k.ROWS))
+def test_multi30k_rows_differ_from_their_base_in_exactly_the_named_fields(row):
+  base = table3_multi30k.base_config().to_dict()
+  config = table3_multi30k.get_config(row).to_dict()
+  changed = {f'{section}.{key}' for section in base for key in base[section]
+             if base[section][key] != config[section][key]}
+  assert changed == set(table3_multi30k.ROWS[row])
+  assert set(config['model']) == set(base_config.get_config().model)  # No misspelt field added.
+  model = config['model']
+  if row.startswith('A'):  # Constant computation: h * d_k = h * d_v = d_model (§3.2.2).
+    assert model['num_heads'] * model['d_k'] == model['num_heads'] * model['d_v'] == 256
