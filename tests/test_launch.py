@@ -125,3 +125,19 @@ def test_slurm_one_process_per_node_sees_all_gpus(tmp_path):
   env = bin_env | {'SLURM_SUBMIT_DIR': str(REPO_ROOT), 'SLURM_NTASKS_PER_NODE': '1', 'SLURM_GPUS_ON_NODE': '4'}
   out = run(['bash', 'launch/slurm.sbatch', '--config=configs/base.py'], env).stdout
   assert out.splitlines()[-1] == 'JAX_LOCAL_DEVICE_IDS=0,1,2,3'
+
+
+def test_accelerator_check_dry_run_writes_its_report(tmp_path):
+  """launch/accelerator_check.sh --dry-run: the accelerator tests and every benchmark at tiny sizes on the CPU."""
+  out = tmp_path / 'report.json'
+  result = subprocess.run(['bash', 'launch/accelerator_check.sh', '--dry-run', f'--out={out}'], cwd=REPO_ROOT,
+                          env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=600,
+                          check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  import json  # pylint: disable=g-import-not-at-top
+  report = json.loads(out.read_text())
+  assert report['dry_run'] and report['tests']['exit_status'] == 0
+  assert set(report['benchmarks']) == {'base_xla', 'base_fused', 'big_xla', 'big_fused', 'base_200_steps'}
+  for name, figures in report['benchmarks'].items():
+    assert figures.get('step_time_ms', 0) > 0 and figures['dtype'] == 'bfloat16', (name, figures)
+  assert report['benchmarks']['base_200_steps']['batch_size'] == 8

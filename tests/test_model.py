@@ -214,3 +214,24 @@ def test_grow_decoding_cache_pads_self_attention_positions_only():
       SOURCE.shape[0], model.cfg.num_heads, SOURCE.shape[1], model.cfg.d_v)  # One row per sentence.
   with pytest.raises(ValueError, match='cannot shrink a decoding cache of 3 positions to 2'):
     model_lib.grow_decoding_cache(cache, 2)
+
+
+def test_fused_attention_decodes_in_bfloat16_like_the_einsum_path():
+  """The decoding cache holds K/V in the product dtype (float32 on CPUs) while bf16 queries come in: the fused
+  path must cast them to one dtype (jax.nn.dot_product_attention rejects mixed ones)."""
+  logits = {}
+  for impl in ('xla', 'fused'):
+    model = make_model(dtype='bfloat16', attention_impl=impl)
+    params = init_params(model)
+    source_segment_ids = (SOURCE != 0).astype(np.int32)
+
+    @jit
+    def first_steps(params, model=model):
+      memory = model.apply({'params': params}, SOURCE, method='encode')
+      _, variables = model.apply({'params': params}, memory, source_segment_ids, 4, method='init_cache',
+                                 mutable=['cache'])
+      out, _ = model.apply({'params': params, 'cache': variables['cache']}, DECODER_INPUT[:, :1], memory,
+                           source_segment_ids, decode=True, method='decode', mutable=['cache'])
+      return out
+    logits[impl] = np.asarray(first_steps(params), np.float32)
+  np.testing.assert_allclose(logits['fused'], logits['xla'], rtol=5e-2, atol=5e-2)

@@ -304,7 +304,11 @@ class MultiHeadAttention(nn.Module):
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
     if self.attention_impl == 'fused' and self.dropout_rate == 0.0:
-      output = fused_dot_product_attention(query, key, value, mask)
+      # One dtype for the three (jax.nn.dot_product_attention requires it): decoding caches hold K/V in the
+      # product dtype, which is float32 on CPUs.
+      product_dtype = attention_product_dtype(self.dtype)
+      output = fused_dot_product_attention(*(x.astype(product_dtype) for x in (query, key, value)), mask)
+      output = output.astype(self.dtype)
     else:
       output, weights = dot_product_attention(
           query, key, value, mask, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
