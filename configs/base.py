@@ -6,6 +6,15 @@ Paper (Vaswani et al., 2017): N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_dr
 100k steps of ~25,000 source + 25,000 target tokens, 65M parameters; newstest2013 PPL 4.92, BLEU 25.8;
 newstest2014 BLEU 27.3 (Table 2). 12 hours on 8 P100 GPUs (0.4 s/step).
 
+The paper's batch on the hardware at hand (`--mode=compile` per-device memory of the step at the longest
+bucket, [97, 256] per side padded to a multiple of data shards x grad_accum_steps; XLA:CPU's estimate):
+
+  accelerators  mesh                     train.grad_accum_steps   per-device memory
+  1             --config.mesh.data=1     1                        40.0 GiB
+  1             --config.mesh.data=1     4                        10.3 GiB   (a 16-24 GB GPU: 4)
+  8             data=8 (the paper)       1                         6.0 GiB
+  64            data=64                  1                         1.7 GiB
+
 Every default of the code lives here; other configs state only their differences.
 """
 import ml_collections

@@ -225,7 +225,7 @@ def test_nonfinite_loss_is_skipped_with_on_nonfinite_skip(monkeypatch, tmp_path,
     ('train', 'warmup_steps', 0, r'train\.warmup_steps must be a positive integer, got 0'),
     ('decode', 'beam_size', 0, r'decode\.beam_size must be an integer >= 1, got 0'),
     ('model', 'position_embedding', 'rotary',
-     r"model\.position_embedding must be one of \('sinusoidal', 'learned', 'none'\), got 'rotary'"),
+     r"model\.position_embedding must be one of \('sinusoidal', 'learned', 'rope', 'none'\), got 'rotary'"),
     ('mesh', 'data', 3, r'mesh.*\b3\b.*\b8\b'),  # 3 devices asked for, 8 present.
     ('mesh', 'fsdp', -1, r'at most one of mesh\.data, mesh\.fsdp, mesh\.tensor may be -1'),
     ('train', 'on_nonfinite', 'ignore', r"train\.on_nonfinite must be one of \('stop', 'skip'\), got 'ignore'"),

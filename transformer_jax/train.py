@@ -496,7 +496,7 @@ def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=No
     results = _validate(s, eval_fn, params, eval_batches, steps[-1])
     write_scalars(writer, steps[-1], results, 'eval_averaged')
     if not s.config.train.translate_at_end:
-      _write_final_metrics(s, results, steps, run_info)
+      _write_final_metrics(s, results, steps, params, run_info)
       return results
     eval_split = eval_split or encode_split(s, data_cfg.eval_split)
     hypotheses = translate_ids(s, params, eval_split[2])
@@ -514,7 +514,7 @@ def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=No
   results['decode_sentences_per_sec'] = len(sources) / seconds
   write_scalars(writer, steps[-1], {key: scores[key] for key in ('bleu', 'tokenized_bleu',
                                                                   'lowercased_tokenized_bleu')}, 'test')
-  _write_final_metrics(s, results, steps, run_info)
+  _write_final_metrics(s, results, steps, params, run_info)
   logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(sources), seconds,
                len(sources) / seconds, path)
   print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {data_cfg.eval_split}; lowercased '
@@ -534,11 +534,11 @@ def _write_hypotheses(s: Setup, split: str, hypotheses: list[str]) -> epath.Path
   return path
 
 
-def _write_final_metrics(s: Setup, results: dict[str, float], steps: list[int], run_info=None) -> None:
+def _write_final_metrics(s: Setup, results: dict[str, float], steps: list[int], params, run_info=None) -> None:
   """`<workdir>/final_metrics.json`: the final evaluation's figures, the checkpoints they come from and the
-  parameter count (what transformer_jax.report reads)."""
+  parameter count of `params` (what transformer_jax.report reads)."""
   if jax.process_index() == 0:
-    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(s.abstract_state().params))
+    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     record = {key: float(value) for key, value in results.items()} | (run_info or {}) | {
         'checkpoint_steps': list(steps), 'checkpoint_selection': s.config.eval.checkpoint_selection,
         'num_params': num_params}
