@@ -294,7 +294,8 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
   """Checks config, input files and workdir, then loads or trains the vocabulary and builds the model.
 
   Nothing is written before every check has passed, and the only writes before training are the workdir
-  itself, its `checkpoints/` folder and the vocabulary `spm_<vocab_size>.model`.
+  itself, its `checkpoints/` folder (and `best_checkpoints/` with train.eval_bleu_every_steps) and the
+  vocabulary `spm_<vocab_size>.model`.
 
   Args:
     config: the ConfigDict (configs/base.py).

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import pathlib
+import sys
 from typing import Any, Sequence
 
 from absl import app
@@ -53,7 +54,6 @@ def load_rows_module(path: str | os.PathLike[str]):
   path = pathlib.Path(path).resolve()
   if not path.is_file():
     raise FileNotFoundError(f'--rows: {path} does not exist')
-  import sys  # pylint: disable=g-import-not-at-top
   root = str(path.parents[1])
   if root not in sys.path:
     sys.path.insert(0, root)  # The rows files import `configs.base`.
