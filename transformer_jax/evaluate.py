@@ -147,7 +147,10 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
 
 def translate(params: Any, batches: Iterable[dict[str, np.ndarray]], tokenizer: tokenizer_lib.Tokenizer,
               num_sentences: int, **kwargs) -> list[str]:
-  """`decode_all` (same arguments after `tokenizer`), detokenised: num_sentences strings ('' for an empty line).
+  """`decode_all` (same arguments after `tokenizer`), detokenised: num_sentences strings.
+
+  An empty source is translated like any other (from EOS alone); `train.translate_file` is what maps blank
+  input lines to blank output lines.
 
   Raises:
     ValueError: if some line received no translation.
