@@ -153,7 +153,7 @@ def to_csv(records: Sequence[dict[str, Any]]) -> str:
 
 
 def plot_perplexity(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-  """Bars of our dev perplexity by row beside the paper's (its own axis: the corpora differ)."""
+  """Bars of our dev perplexity by row (log scale) beside the paper's (its own axis: the corpora differ)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -166,9 +166,10 @@ def plot_perplexity(records: Sequence[dict[str, Any]], path: str | os.PathLike[s
   paper_axis.bar([p + 0.2 for p in positions], [r['paper_ppl_dev'] or 0.0 for r in rows], width=0.4,
                  color='tab:orange', label='paper, newstest2013 (right axis)')
   ours_axis.set_xticks(list(positions), [r['row'] for r in rows], rotation=90)
-  ours_axis.set_ylabel('our dev perplexity')
+  ours_axis.set_yscale('log')  # A diverged row would flatten every other bar.
+  ours_axis.set_ylabel('our dev perplexity (log scale)')
   paper_axis.set_ylabel("paper's dev perplexity")
-  figure.legend(loc='upper right')
+  figure.legend(loc='upper left')
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)
