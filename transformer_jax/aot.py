@@ -39,7 +39,7 @@ _MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_
 _PACKED_KEYS = ('source_segment_ids', 'target_segment_ids', 'source_positions', 'target_positions')
 
 
-def largest_batch_shape(data_config, num_shards: int, process_count: int = 1) -> tuple[int, int]:
+def largest_batch_shape(data_config, num_shards: int) -> tuple[int, int]:
   """The global [batch, length] of the longest bucket at data.tokens_per_batch (Sec. 5.1), as training feeds it.
 
   The longest bucket has the fewest rows but the largest attention matrices (batch * length^2 per head, i.e.
@@ -50,10 +50,9 @@ def largest_batch_shape(data_config, num_shards: int, process_count: int = 1) ->
   Raises:
     ValueError: if the batch size rounds down to 0 (see `input_pipeline.batch_size_for`).
   """
-  del process_count  # Padded to a multiple of num_shards, which every process count of the mesh divides.
   length = int(input_pipeline.bucket_lengths_for(data_config.bucket_lengths, data_config.max_length)[-1])
   rows = input_pipeline.batch_size_for(length, data_config.tokens_per_batch, 1)
-  return -(-rows // num_shards) * num_shards, length
+  return input_pipeline.padded_rows(rows, num_shards), length
 
 
 def collective_counts(hlo_text: str) -> dict[str, int]:

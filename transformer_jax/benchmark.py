@@ -21,6 +21,7 @@ import numpy as np
 
 from transformer_jax import evaluate
 from transformer_jax import experiment
+from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import train
@@ -105,8 +106,8 @@ def run(config) -> dict[str, float]:
   cfg, model, mesh, rules = s.model.cfg, s.model, s.mesh, s.rules
   bench = config.benchmark
   batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
-  multiple = s.data_shards * config.train.grad_accum_steps  # As the input pipeline pads training batches.
-  batch_size = -(-batch_size // multiple) * multiple
+  # Padded as the input pipeline pads training batches.
+  batch_size = input_pipeline.padded_rows(batch_size, s.data_shards * config.train.grad_accum_steps)
   host_batch = synthetic_batch(cfg, batch_size, bench.source_length, bench.target_length)
   batch_sharding = sharding.batch_sharding(mesh)
   batch = {k: jax.device_put(v, batch_sharding) for k, v in host_batch.items()}

@@ -173,6 +173,11 @@ def batch_size_for(length: int, tokens_per_batch: int, batch_size_multiple: int,
   return batch_size
 
 
+def padded_rows(rows: int, multiple: int) -> int:
+  """rows rounded up to a multiple of `multiple` (the training batch's rows, completed with empty ones)."""
+  return -(-rows // multiple) * multiple
+
+
 def _fill(ids: Ragged, pairs: np.ndarray, rows: np.ndarray, starts: np.ndarray, segments: np.ndarray,
           shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Writes ids[pairs[i]] + EOS into row rows[i] from column starts[i], with segment id segments[i].
@@ -326,14 +331,14 @@ class TrainIterator:
     bucket_of[self._pairs] = np.searchsorted(buckets, self._lengths[:, self._pairs].max(axis=0))
     used = [int(bucket_of[self._pairs].max())] if packing else np.unique(bucket_of[self._pairs]).tolist()
     self._bucket_of = bucket_of
-    self._shapes = {b: (batch_size_for(int(buckets[b]), tokens_per_batch, batch_size_multiple,
-                                       process_count if pad_rows_to == 1 else 1), int(buckets[b])) for b in used}
+    self._shapes = {b: (batch_size_for(int(buckets[b]), tokens_per_batch, batch_size_multiple), int(buckets[b]))
+                    for b in used}
     # The global batch shapes: the planned rows, padded with empty rows to a multiple of pad_rows_to.
-    self._padded = {b: (-(-rows // pad_rows_to) * pad_rows_to, length) for b, (rows, length) in self._shapes.items()}
+    self._padded = {b: (padded_rows(rows, pad_rows_to), length) for b, (rows, length) in self._shapes.items()}
     for rows, length in self._padded.values():
       if rows % process_count:
         raise ValueError(f'Batch size {rows} (length {length}) does not divide by process_count={process_count}; '
-                         'pad_rows_to should be a multiple of it.')
+                         'pad_rows_to or batch_size_multiple should be a multiple of it.')
     self._epoch, self._position, self._plan = 0, 0, (-1, [])
     # Every epoch has the same shapes: how many pairs move up from a bucket depends only on the bucket sizes.
     self._shapes_used = sorted(self._padded.values() if packing else {self._padded[b] for b, _ in self._epoch_plan()})

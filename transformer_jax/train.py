@@ -415,6 +415,28 @@ def _validate(s: Setup, eval_fn, params, eval_batches, step: int) -> dict[str, f
   return metrics
 
 
+def translate_split(s: Setup, params, split, beam_size: int | None = None) -> tuple[list[str], dict, float]:
+  """Translates a split with beam search and scores it (`bleu.all_bleu`).
+
+  Args:
+    s: the Setup.
+    params: the parameters to decode with.
+    split: `encode_split` of the split (texts and ids).
+    beam_size: overrides decode.beam_size (1: greedy).
+
+  Returns:
+    (hypotheses, the three BLEUs and the sacreBLEU signature, seconds spent decoding).
+  """
+  _, references, source_ids, target_ids = split
+  start = time.perf_counter()
+  hypotheses = translate_ids(s, params, source_ids, target_ids, beam_size=beam_size)
+  seconds = time.perf_counter() - start
+  return hypotheses, bleu.all_bleu(hypotheses, references, s.config.data.target_lang), seconds
+
+
+_BLEUS = ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')
+
+
 def validation_bleu(s: Setup, params, eval_split, step: int) -> dict[str, float]:
   """BLEU of the validation split decoded with beam eval.bleu_beam_size (0: decode.beam_size; 1: greedy).
 
@@ -427,16 +449,11 @@ def validation_bleu(s: Setup, params, eval_split, step: int) -> dict[str, float]
   Returns:
     {'bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'bleu_seconds'} (see `bleu.all_bleu`).
   """
-  _, references, source_ids, _ = eval_split
   beam_size = s.config.eval.bleu_beam_size or s.config.decode.beam_size
-  start = time.perf_counter()
-  hypotheses = translate_ids(s, params, source_ids, beam_size=beam_size)
-  scores = bleu.all_bleu(hypotheses, references, s.config.data.target_lang)
-  seconds = time.perf_counter() - start
+  _, scores, seconds = translate_split(s, params, eval_split, beam_size)
   logging.info('validation BLEU at step %d | bleu %.2f | lowercased tokenized %.2f | beam %d | %.1f s', step,
                scores['bleu'], scores['lowercased_tokenized_bleu'], beam_size, seconds)
-  return {key: scores[key] for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')} | {
-      'bleu_seconds': seconds}
+  return {key: scores[key] for key in _BLEUS} | {'bleu_seconds': seconds}
 
 
 def load_params(s: Setup):
@@ -499,32 +516,32 @@ def final_evaluation(s: Setup, eval_fn, eval_batches, writer=None, test_split=No
       _write_final_metrics(s, results, steps, params, run_info)
       return results
     eval_split = eval_split or encode_split(s, data_cfg.eval_split)
-    hypotheses = translate_ids(s, params, eval_split[2])
-    scores = bleu.all_bleu(hypotheses, eval_split[1], data_cfg.target_lang)
+    hypotheses, scores, _ = translate_split(s, params, eval_split)
     results |= {'validation_bleu': scores['bleu'],
                 'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu']}
     _write_hypotheses(s, data_cfg.eval_split, hypotheses)
-    sources, references, source_ids, target_ids = test_split or encode_split(s, data_cfg.test_split)
-    start = time.perf_counter()
-    hypotheses = translate_ids(s, params, source_ids, target_ids)
-  seconds = time.perf_counter() - start
+    test_split = test_split or encode_split(s, data_cfg.test_split)
+    hypotheses, scores, seconds = translate_split(s, params, test_split)
   path = _write_hypotheses(s, data_cfg.test_split, hypotheses)
-  scores = bleu.all_bleu(hypotheses, references, data_cfg.target_lang)
-  results |= {key: scores[key] for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')}
-  results['decode_sentences_per_sec'] = len(sources) / seconds
-  write_scalars(writer, steps[-1], {key: scores[key] for key in ('bleu', 'tokenized_bleu',
-                                                                  'lowercased_tokenized_bleu')}, 'test')
+  results |= {key: scores[key] for key in _BLEUS}
+  results['decode_sentences_per_sec'] = len(hypotheses) / seconds
+  write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
   _write_final_metrics(s, results, steps, params, run_info)
-  logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(sources), seconds,
-               len(sources) / seconds, path)
-  print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {data_cfg.eval_split}; lowercased '
-        f'tokenized {results["validation_lowercased_tokenized_bleu"]:.2f})')
-  print(f'bleu: {scores["bleu"]:.2f}  ({scores["bleu_signature"]}; beam {s.config.decode.beam_size}, '
-        f'{s.config.eval.checkpoint_selection}: averaged steps {steps})')
-  print(f'tokenized_bleu: {scores["tokenized_bleu"]:.2f}  (tokenized, compound-split, as in the paper)')
-  print(f'lowercased_tokenized_bleu: {scores["lowercased_tokenized_bleu"]:.2f}  (lowercased, Moses-normalised '
-        'and -tokenised, multi-bleu: the Multi30k literature\'s BLEU)')
+  logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(hypotheses), seconds,
+               len(hypotheses) / seconds, path)
+  _print_bleu(s, results, scores['bleu_signature'], steps)
   return results
+
+
+def _print_bleu(s: Setup, results: dict[str, float], signature: str, steps: list[int]) -> None:
+  """The lines a final evaluation prints: validation BLEU, then the test split's three BLEUs."""
+  print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {s.config.data.eval_split}; lowercased '
+        f'tokenized {results["validation_lowercased_tokenized_bleu"]:.2f})')
+  print(f'bleu: {results["bleu"]:.2f}  ({signature}; beam {s.config.decode.beam_size}, '
+        f'{s.config.eval.checkpoint_selection}: averaged steps {steps})')
+  print(f'tokenized_bleu: {results["tokenized_bleu"]:.2f}  (tokenized, compound-split, as in the paper)')
+  print(f'lowercased_tokenized_bleu: {results["lowercased_tokenized_bleu"]:.2f}  (lowercased, Moses-normalised '
+        'and -tokenised, multi-bleu: the Multi30k literature\'s BLEU)')
 
 
 def _write_hypotheses(s: Setup, split: str, hypotheses: list[str]) -> epath.Path:
