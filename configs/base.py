@@ -44,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
       norm='layer_norm',              # 'rms_norm': RMSNorm, no bias or mean subtraction (Zhang & Sennrich, 2019).
       feed_forward='relu',            # §3.3 ReLU; 'gelu'; gated 'swiglu' / 'geglu' (Shazeer, 2020).
       num_kv_heads=ml_collections.config_dict.placeholder(int),  # None: num_heads; 1: multi-query; else grouped.
+      # The dtype of Q K^T, weights x V and the decoding cache: 'compute' (= dtype) or 'float32' (CPU configs:
+      # XLA:CPU has no fast batched bf16 product). Changes no parameter.
+      attention_product_dtype='compute',
   ))
 
   config.data = ml_collections.ConfigDict(dict(

@@ -74,7 +74,7 @@ def base_config() -> ml_collections.ConfigDict:
   """The Multi30k base row (see the module docstring)."""
   config = base.get_config()
   config.model.update(num_layers=3, d_model=256, d_ff=_D_FF, num_heads=4, d_k=64, d_v=64, dropout_rate=0.1,
-                      max_length=128, dtype='bfloat16')
+                      max_length=128, dtype='bfloat16', attention_product_dtype='float32')
   config.data.update(dataset='multi30k', vocab_size=8000, tokens_per_batch=2048, max_length=128,
                      bucket_lengths=(16, 24, 32, 48, 64, 128))
   config.train.update(num_train_steps=BUDGET_STEPS, warmup_steps=100, learning_rate_scale=0.35,

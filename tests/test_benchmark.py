@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import benchmark
+from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import train
@@ -39,7 +40,7 @@ def test_analytic_flops_agree_with_xla_cost_analysis_on_base():
   model = model_lib.Transformer(cfg)
   tx = optim.make_optimizer(optim.rsqrt_schedule(cfg.d_model, 4000))
   batch = benchmark.synthetic_batch(cfg, 4, 32, 32)
-  state = jax.eval_shape(lambda: nn.unbox(train.create_train_state(jax.random.key(0), model, tx, batch)))
+  state = jax.eval_shape(lambda: nn.unbox(experiment.create_train_state(jax.random.key(0), model, tx, batch)))
   step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1))
   xla_flops = step.lower(state, batch).cost_analysis()['flops']
   analytic = 3 * benchmark.forward_flops(cfg, 4, 32, 32)
@@ -54,7 +55,7 @@ def test_bfloat16_step_loss_is_within_tolerance_of_float32():
     model = model_lib.Transformer(cfg)
     tx = optim.make_optimizer(optim.rsqrt_schedule(cfg.d_model, 10))
     batch = {k: jnp.asarray(v) for k, v in benchmark.synthetic_batch(cfg, 8, 16, 16).items()}
-    state = nn.unbox(train.create_train_state(jax.random.key(0), model, tx, batch))
+    state = nn.unbox(experiment.create_train_state(jax.random.key(0), model, tx, batch))
     step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1))
     values = []
     for _ in range(3):

@@ -10,6 +10,7 @@ from transformer_jax import evaluate
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax import translation
 
 EOS, BOS = tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID
 VOCAB = 24
@@ -56,7 +57,8 @@ def strip(tokens):
 def test_cached_greedy_equals_uncached_greedy(layer_norm_position):
   model = make_model(layer_norm_position=layer_norm_position)
   params = init_params(model)
-  cached = evaluate.decode_batch(params, jnp.asarray(SOURCE), model=model, beam_size=1, alpha=0.6, extra_length=4)
+  cached = translation.decode_batch(params, jnp.asarray(SOURCE), model=model, beam_size=1, alpha=0.6,
+                                    extra_length=4)
   expected = uncached_greedy(model, params, SOURCE, extra_length=4)
   assert [strip(row) for row in cached] == expected
   assert {len(e) for e in expected} != {1}  # Not trivially EOS at once.
@@ -65,16 +67,18 @@ def test_cached_greedy_equals_uncached_greedy(layer_norm_position):
 def test_beam_one_with_alpha_zero_equals_greedy_and_lengths_are_bounded():
   model = make_model()
   params = init_params(model, seed=3)
-  greedy = evaluate.decode_batch(params, jnp.asarray(SOURCE), model=model, beam_size=1, alpha=0.0,
-                                 extra_length=6)
-  # beam_size > 1 with a beam of one live hypothesis is the same search as greedy (fairseq's EOS rule).
-  beam = evaluate.decode_batch(params, jnp.asarray(SOURCE), model=model, beam_size=4, alpha=0.6,
-                               extra_length=6)
+  greedy = np.asarray(translation.decode_batch(params, jnp.asarray(SOURCE), model=model, beam_size=1, alpha=0.0,
+                                               extra_length=6))
+  # decoding.beam_search with one hypothesis per sentence and no length penalty is greedy search.
+  beam_one = np.asarray(beam_search_with_memory_per_beam(model, params, jnp.asarray(SOURCE), 1, 0.0, 6))
+  np.testing.assert_array_equal(beam_one, greedy)
+  assert len({len(strip(row)) for row in greedy}) > 1  # Sentences end at different steps: not trivially equal.
+  beam = translation.decode_batch(params, jnp.asarray(SOURCE), model=model, beam_size=4, alpha=0.6,
+                                  extra_length=6)
   assert greedy.shape == beam.shape == (2, SOURCE.shape[1] + 6)
-  for row, source in zip(np.asarray(beam), SOURCE):
-    assert len(strip(row)) <= np.count_nonzero(source) + 6  # §6.1: input length + extra_length.
-  for row, source in zip(np.asarray(greedy), SOURCE):
-    assert len(strip(row)) <= np.count_nonzero(source) + 6
+  for rows in (np.asarray(beam), greedy):
+    for row, source in zip(rows, SOURCE):
+      assert len(strip(row)) <= np.count_nonzero(source) + 6  # §6.1: input length + extra_length.
 
 
 def beam_search_with_memory_per_beam(model, params, source, beam_size, alpha, extra_length):
@@ -88,7 +92,7 @@ def beam_search_with_memory_per_beam(model, params, source, beam_size, alpha, ex
 
   def step_fn(tokens, cache):
     logits, variables = model.apply({'params': params, 'cache': cache}, tokens[:, None], memory, segment_ids,
-                                    decode=True, method='decode', mutable=['cache'])
+                                    use_cache=True, method='decode', mutable=['cache'])
     return logits[:, 0], variables['cache']
 
   tokens, _ = decoding.beam_search(
@@ -103,7 +107,7 @@ def test_shared_memory_rows_and_cache_stages_give_the_reference_search(beam_size
   model = make_model()
   params = init_params(model, seed=5)
   source = jnp.asarray(SOURCE)
-  decode = lambda stages: np.asarray(evaluate.decode_batch(
+  decode = lambda stages: np.asarray(translation.decode_batch(
       params, source, model=model, beam_size=beam_size, alpha=0.6, extra_length=6, cache_stages=stages))
   whole = decode(())
   np.testing.assert_array_equal(decode((2, 4, 8)), whole)  # 11 steps in 4 stages.
@@ -126,15 +130,15 @@ def test_translate_keeps_every_line_in_order_with_blank_lines(multi30k_dir, tmp_
   batches = input_pipeline.eval_batches(source, input_pipeline.Ragged.from_lists([[]] * len(lines)),
                                         tokens_per_batch=32, max_length=16, bucket_lengths=(4, 8, 16))
   assert sum(int(np.sum(b['example_index'] >= 0)) for b in batches) == len(lines)
-  outputs = evaluate.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
-                               extra_length=3)
+  outputs = translation.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
+                                  extra_length=3)
   assert len(outputs) == len(lines) and all(isinstance(o, str) for o in outputs)
   # Each line's output is its own: decoding a line alone gives the same text as in the batch.
   alone = input_pipeline.eval_batches(input_pipeline.encode(tokenizer, [lines[2]]),
                                       input_pipeline.Ragged.from_lists([[]]), tokens_per_batch=32,
                                       max_length=16, bucket_lengths=(4, 8, 16))
-  assert evaluate.translate(params, alone, tokenizer, 1, model=model, beam_size=2, alpha=0.6,
-                            extra_length=3) == [outputs[2]]
+  assert translation.translate(params, alone, tokenizer, 1, model=model, beam_size=2, alpha=0.6,
+                               extra_length=3) == [outputs[2]]
 
 
 def test_summarize_metrics_divides_sums_once():

@@ -16,6 +16,7 @@ from transformer_jax import inspection
 from transformer_jax import model as model_lib
 from transformer_jax import plots
 from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax import workdir as workdir_lib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = dict(num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, max_length=32)
@@ -25,7 +26,7 @@ DECODER_INPUT = [tokenizer_lib.BOS_ID, 9, 10, 11, 0]    # One padding position.
 
 @flax.struct.dataclass
 class TrainState:
-  """The fields of train.TrainState (train.py imports TensorFlow, which costs seconds)."""
+  """The fields of experiment.TrainState (experiment.py imports TensorFlow, which costs seconds)."""
   step: jax.Array
   params: dict
   opt_state: dict
@@ -94,9 +95,14 @@ def test_encoder_attention_matches_a_numpy_recomputation(tiny):
 
 def test_fused_config_gives_the_same_maps_and_training_path_sows_nothing(tiny):
   cfg, params, maps = tiny
-  fused = inspection.attention_maps(model_lib.ModelConfig(vocab_size=64, attention_impl='fused', **TINY),
-                                    params, SOURCE, DECODER_INPUT)
+  fused_cfg = model_lib.ModelConfig(vocab_size=64, attention_impl='fused', **TINY)
+  fused = inspection.attention_maps(fused_cfg, params, SOURCE, DECODER_INPUT)
   np.testing.assert_array_equal(fused.encoder_decoder, maps.encoder_decoder)
+  # The maps (computed on the einsum path, since the fused kernel returns no weights) describe the fused model
+  # only because it computes the same function of the same parameters: check that it does.
+  source, target = jnp.array([SOURCE]), jnp.array([DECODER_INPUT])
+  np.testing.assert_allclose(model_lib.Transformer(fused_cfg).apply({'params': params}, source, target),
+                             model_lib.Transformer(cfg).apply({'params': params}, source, target), atol=2e-5)
   # Without mutable=['intermediates'] (the training and eval path) apply returns the logits alone.
   logits = model_lib.Transformer(cfg).apply({'params': params}, jnp.array([SOURCE]), jnp.array([DECODER_INPUT]))
   assert isinstance(logits, jax.Array) and logits.shape == (1, 5, 64)
@@ -194,26 +200,26 @@ def test_restore_params_errors(tmp_path):
 
 
 def test_load_config_from_files_and_workdir(tmp_path):
-  b1 = inspection.load_config(f'{REPO_ROOT}/configs/table3.py:B1')
+  b1 = workdir_lib.load_config(f'{REPO_ROOT}/configs/table3.py:B1')
   assert (b1.model.d_k, b1.model.d_v) == (16, 64)
-  tiny = inspection.load_config(REPO_ROOT / 'configs' / 'tiny.py')
-  assert inspection.load_config(tiny) is tiny
-  inspection.save_config(tiny, tmp_path)
+  tiny = workdir_lib.load_config(REPO_ROOT / 'configs' / 'tiny.py')
+  assert workdir_lib.load_config(tiny) is tiny
+  workdir_lib.save_config(tiny, tmp_path)
   for source in (tmp_path, tmp_path / 'config.json'):
-    loaded = inspection.load_config(source)
+    loaded = workdir_lib.load_config(source)
     assert loaded.model.to_dict() == tiny.model.to_dict()
     assert list(loaded.data.bucket_lengths) == list(tiny.data.bucket_lengths)
   with pytest.raises(FileNotFoundError, match='no config file'):
-    inspection.load_config(tmp_path / 'missing.py')
+    workdir_lib.load_config(tmp_path / 'missing.py')
 
 
 def test_load_run_and_sentence_attention(tmp_path):
   words = ['a', 'dog', 'runs', 'the', 'cat', 'sleeps', 'ein', 'hund', 'rennt', 'die', 'katze', 'schläft']
   sentences = [' '.join(words[(i + j) % len(words)] for j in range(4)) for i in range(200)]
   tokenizer = tokenizer_lib.train_or_load(tmp_path, lambda: sentences, vocab_size=300, max_sentences=1000)
-  config = inspection.load_config(REPO_ROOT / 'configs' / 'tiny.py')
+  config = workdir_lib.load_config(REPO_ROOT / 'configs' / 'tiny.py')
   config.data.vocab_size = 300
-  inspection.save_config(config, tmp_path)
+  workdir_lib.save_config(config, tmp_path)
   cfg = model_lib.ModelConfig(vocab_size=tokenizer.vocab_size, **config.model)
   params = init_params(cfg, seed=3)
   save_run(tmp_path, cfg, {4: params})
@@ -276,7 +282,7 @@ def figure_titles(figure):
 def test_plots_write_pngs(tiny, tmp_path):
   cfg, _, maps = tiny
   write_events(tmp_path / 'events.out.tfevents.1.host', range(1, 9))
-  config = inspection.load_config(REPO_ROOT / 'configs' / 'tiny.py')
+  config = workdir_lib.load_config(REPO_ROOT / 'configs' / 'tiny.py')
   scalars = inspection.read_scalars(tmp_path)
   figures = {
       'positional_encoding': plots.positional_encoding_figure(60, cfg.d_model),

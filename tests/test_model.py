@@ -103,7 +103,7 @@ def test_cached_decoding_matches_teacher_forcing(layer_norm_position, position_e
   decoder_input[1, -1] = 19  # Cached decoding has no target padding; compare on real tokens only.
   full = forward(model)(params, SOURCE, decoder_input)
 
-  @jit  # One compilation for the whole loop: init_cache, then one decode=True call per position.
+  @jit  # One compilation for the whole loop: init_cache, then one use_cache=True call per position.
   def decode_step_by_step(params):
     memory = model.apply({'params': params}, SOURCE, method='encode')
     max_decode_length = decoder_input.shape[1] + 3  # Unused cache slots must stay masked.
@@ -112,7 +112,7 @@ def test_cached_decoding_matches_teacher_forcing(layer_norm_position, position_e
 
     def step(cache, tokens):  # tokens: [batch, 1]
       logits, variables = model.apply({'params': params, 'cache': cache}, tokens, memory, source_segment_ids,
-                                      decode=True, method='decode', mutable=['cache'])
+                                      use_cache=True, method='decode', mutable=['cache'])
       return variables['cache'], logits[:, 0]  # [batch, vocab]
 
     _, logits = jax.lax.scan(step, variables['cache'], decoder_input.T[:, :, None])
@@ -217,11 +217,11 @@ def test_grow_decoding_cache_pads_self_attention_positions_only():
 
 
 def test_fused_attention_decodes_in_bfloat16_like_the_einsum_path():
-  """The decoding cache holds K/V in the product dtype (float32 on CPUs) while bf16 queries come in: the fused
+  """The decoding cache holds K/V in the product dtype (here float32) while bf16 queries come in: the fused
   path must cast them to one dtype (jax.nn.dot_product_attention rejects mixed ones)."""
   logits = {}
   for impl in ('xla', 'fused'):
-    model = make_model(dtype='bfloat16', attention_impl=impl)
+    model = make_model(dtype='bfloat16', attention_impl=impl, attention_product_dtype='float32')
     params = init_params(model)
     source_segment_ids = (SOURCE != 0).astype(np.int32)
 
@@ -231,7 +231,59 @@ def test_fused_attention_decodes_in_bfloat16_like_the_einsum_path():
       _, variables = model.apply({'params': params}, memory, source_segment_ids, 4, method='init_cache',
                                  mutable=['cache'])
       out, _ = model.apply({'params': params, 'cache': variables['cache']}, DECODER_INPUT[:, :1], memory,
-                           source_segment_ids, decode=True, method='decode', mutable=['cache'])
+                           source_segment_ids, use_cache=True, method='decode', mutable=['cache'])
       return out
     logits[impl] = np.asarray(first_steps(params), np.float32)
   np.testing.assert_allclose(logits['fused'], logits['xla'], rtol=5e-2, atol=5e-2)
+
+
+def first_decoding_step(model, params):
+  """(logits float32 [batch, 1, vocab] of the first cached step, the cache collection after it)."""
+  source_segment_ids = (SOURCE != 0).astype(np.int32)
+
+  @jit
+  def run(params):
+    memory = model.apply({'params': params}, SOURCE, method='encode')
+    _, variables = model.apply({'params': params}, memory, source_segment_ids, 4, method='init_cache',
+                               mutable=['cache'])
+    return model.apply({'params': params, 'cache': variables['cache']}, DECODER_INPUT[:, :1], memory,
+                       source_segment_ids, use_cache=True, method='decode', mutable=['cache'])
+  logits, variables = run(params)
+  return logits, variables['cache']
+
+
+@pytest.mark.parametrize('product, cache_dtype', [('compute', jnp.bfloat16), ('float32', jnp.float32)])
+def test_attention_product_dtype_is_the_configs_not_the_backends(product, cache_dtype):
+  """Both settings run here (the CPU) and keep what they say: bf16 attention products and cache with
+  'compute' (what accelerators run), float32 with 'float32'; their logits agree to bf16 precision."""
+  model = make_model(dtype='bfloat16', attention_product_dtype=product)
+  params = init_params(model)
+  logits, cache = first_decoding_step(model, params)
+  cached = [x for path, x in jax.tree_util.tree_leaves_with_path(cache) if 'cached_key' in str(path)]
+  assert len(cached) == 2 * TINY['num_layers'] and {x.dtype for x in cached} == {jnp.dtype(cache_dtype)}
+  reference, _ = first_decoding_step(make_model(dtype='float32'), params)
+  np.testing.assert_allclose(np.asarray(logits, np.float32), reference, rtol=0.1, atol=0.1)
+  teacher_forced = forward(model)(params, SOURCE, DECODER_INPUT)
+  np.testing.assert_allclose(np.asarray(teacher_forced[:, :1]), np.asarray(logits), rtol=0.05, atol=0.05)
+
+
+def test_remat_gives_the_same_loss_and_gradients_with_dropout():
+  """remat=True recomputes each layer's activations in the backward pass: same loss and gradients, dropout
+  included (its masks depend on the same keys), and `deterministic` stays a Python bool (static)."""
+  grads = {}
+  for remat in (False, True):
+    model = make_model(remat=remat, dropout_rate=0.3)
+    params = init_params(model)
+
+    @jit
+    def loss_and_grads(params, model=model):
+      def loss(params):
+        logits = model.apply({'params': params}, SOURCE, DECODER_INPUT, deterministic=False,
+                             rngs={'dropout': jax.random.key(7)})
+        return losses.smoothed_cross_entropy(logits, DECODER_INPUT, (DECODER_INPUT != 0).astype(jnp.float32),
+                                             0.1)['loss_sum']
+      return jax.value_and_grad(loss)(params)
+    grads[remat] = loss_and_grads(params)
+  np.testing.assert_allclose(grads[True][0], grads[False][0], rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(grads[True][1]), jax.tree.leaves(grads[False][1])):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -3,7 +3,7 @@ compute what one process computes on the same global batch; and the rule that de
 
 The processes run this file as a script (`_worker_main`): each sees 2 fake CPU devices, so the pair forms a
 4-device mesh (data=2 across the processes, fsdp=2 within each), reads its half of every global batch from
-input_pipeline.TrainIterator and assembles global arrays with train.Setup.device_batch. The reference is one
+input_pipeline.TrainIterator and assembles global arrays with experiment.Setup.device_batch. The reference is one
 process with 4 devices.
 """
 import argparse
@@ -21,12 +21,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer_jax import evaluate
+from transformer_jax import experiment
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import train
+from transformer_jax import translation
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_SECS = 600  # Compiling on a shared 2-core machine; normally ~20 s.
@@ -52,13 +53,13 @@ def _corpus(num_pairs=96, seed=0) -> tuple[list[list[int]], list[list[int]]]:
 
 def _random_state(model, tx, mesh, rules, batch):
   """The same random TrainState on every process, placed in its sharded layout (no init compile)."""
-  init_fn = functools.partial(train.create_train_state, model=model, tx=tx, batch=batch)
+  init_fn = functools.partial(experiment.create_train_state, model=model, tx=tx, batch=batch)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
     shardings = sharding.logical_to_sharding(abstract, mesh, rules)
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32), nn.unbox(abstract.params))
-  state = train.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
+  state = experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
                            rng=np.array([0, 7], np.uint32))
   return jax.device_put(state, shardings), shardings
 
@@ -69,8 +70,8 @@ def _translate(s, params, num_sentences=10) -> list[list[int]]:
   batches = input_pipeline.eval_batches(
       source, source, tokens_per_batch=64, max_length=s.config.data.max_length, bucket_lengths=(16,),
       batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
-  outputs = evaluate.decode_all(params, batches, num_sentences, model=s.model, beam_size=2, alpha=0.6,
-                                extra_length=2, batch_sharding=sharding.batch_sharding(s.mesh))
+  outputs = translation.decode_all(params, batches, num_sentences, model=s.model, beam_size=2, alpha=0.6,
+                                   extra_length=2, batch_sharding=sharding.batch_sharding(s.mesh))
   return [row.tolist() for row in outputs]
 
 
@@ -87,13 +88,13 @@ def _worker_main() -> None:
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
   model = model_lib.Transformer(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model))
   tx = optim.make_optimizer(optim.rsqrt_schedule(config.model.d_model, config.train.warmup_steps))
-  s = train.Setup(config, None, mesh, rules, None, model, tx, None, None)
+  s = experiment.Setup(config, None, mesh, rules, None, model, tx, None, None)
   iterator = input_pipeline.TrainIterator.from_config(
       config.data, *_corpus(), batch_size_multiple=s.data_shards, process_index=jax.process_index(),
       process_count=jax.process_count())
   batches = [next(iterator) for _ in range(max(args.steps, 1))]
   if args.steps:
-    state, state_sharding = train.sharded_train_state(
+    state, state_sharding = experiment.sharded_train_state(
         jax.random.key(0), model, tx, s.device_batch(batches[0]), mesh, rules)
   else:
     state, state_sharding = _random_state(model, tx, mesh, rules, batches[0])

@@ -18,6 +18,8 @@ import jax
 import numpy as np
 import pytest
 
+from transformer_jax import evaluate
+from transformer_jax import experiment
 from transformer_jax import train
 
 from test_train import assert_same_batches  # pylint: disable=g-bad-import-order
@@ -60,9 +62,9 @@ def snapshot(folder: pathlib.Path) -> dict[str, tuple[int, int]]:
 
 def restored_params_are_finite(config, workdir) -> bool:
   """Loads (and averages) the workdir's last checkpoints as evaluation does; True if every parameter is finite."""
-  s = train.setup(config, str(workdir))
+  s = experiment.setup(config, str(workdir))
   try:
-    params, _ = train.load_params(s)
+    params, _ = evaluate.load_params(s)
   finally:
     s.checkpoints.close()
   return all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(params))

@@ -18,11 +18,12 @@ import pytest
 
 from transformer_jax import aot
 from transformer_jax import checkpoints
-from transformer_jax import evaluate
+from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import train
+from transformer_jax import translation
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -63,20 +64,20 @@ def make_batch(rows=16, length=8, seed=0) -> dict[str, np.ndarray]:
 
 def abstract_state(mesh, rules, model=MODEL):
   """(abstract TrainState with logical boxes, its NamedShardings), without compiling anything."""
-  init_fn = functools.partial(train.create_train_state, model=model, tx=TX, batch=make_batch(rows=2))
+  init_fn = functools.partial(experiment.create_train_state, model=model, tx=TX, batch=make_batch(rows=2))
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
     return abstract, sharding.logical_to_sharding(abstract, mesh, rules)
 
 
 @pytest.fixture(scope='module')
-def initial_state() -> train.TrainState:
+def initial_state() -> experiment.TrainState:
   """A host (numpy) TrainState with random values in every parameter (no init compile needed)."""
   mesh = sharding.make_mesh(mesh_config(), jax.devices()[:1])
   abstract, _ = abstract_state(mesh, sharding.logical_axis_rules(mesh_config()))
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32), nn.unbox(abstract.params))
-  return train.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(TX.init(params)),
+  return experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(TX.init(params)),
                           rng=np.array([0, 7], np.uint32))
 
 
@@ -224,8 +225,8 @@ def test_sharded_beam_search_matches_one_device(layout, initial_state):
     _, state_sharding = abstract_state(mesh, rules)
     params = jax.device_put(initial_state.params, state_sharding.params)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return evaluate.decode_all(params, batches, 8, model=MODEL, beam_size=2, alpha=0.6, extra_length=3,
-                                 batch_sharding=sharding.batch_sharding(mesh))
+      return translation.decode_all(params, batches, 8, model=MODEL, beam_size=2, alpha=0.6, extra_length=3,
+                                    batch_sharding=sharding.batch_sharding(mesh))
 
   expected = decode(mesh_config(), jax.devices()[:1])
   assert len({tuple(row) for row in expected}) > 1

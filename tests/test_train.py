@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer_jax import evaluate
+from transformer_jax import experiment
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -213,9 +215,9 @@ def test_tiny_model_overfits_one_batch():
   model = model_lib.Transformer(tiny_model_config(dropout_rate=0.0))
   batch = jax.tree.map(jnp.asarray, copy_task_batch(np.random.default_rng(0), 4, 10, 32))
   tx = optim.make_optimizer(optim.rsqrt_schedule(32, 20, learning_rate_scale=0.3))
-  state = jax.jit(lambda rng: nn.unbox(train.create_train_state(rng, model, tx, batch)))(jax.random.key(0))
+  state = jax.jit(lambda rng: nn.unbox(experiment.create_train_state(rng, model, tx, batch)))(jax.random.key(0))
   step_fn = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.0))
-  eval_fn = jax.jit(functools.partial(train.eval_step, model=model, label_smoothing=0.0))
+  eval_fn = jax.jit(functools.partial(evaluate.eval_step, model=model, label_smoothing=0.0))
   first = eval_fn(state.params, batch)
   for _ in range(60):
     state, metrics = step_fn(state, batch)
@@ -240,15 +242,15 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   monkeypatch.setattr(train, 'train_step', counting_train_step)
   config = tiny.get_config()
   config.data.vocab_size = VOCAB_SIZE
-  model_cfg = train.validate_config(config)
+  model_cfg = experiment.validate_config(config)
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
   schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
-  s = train.Setup(config, str(tmp_path), mesh, rules, None, model_lib.Transformer(model_cfg), tx, schedule, None)
+  s = experiment.Setup(config, str(tmp_path), mesh, rules, None, model_lib.Transformer(model_cfg), tx, schedule, None)
   rng = np.random.default_rng(0)
   batch_a, batch_b = (copy_task_batch(rng, 8, 32, VOCAB_SIZE) for _ in range(2))
   batch_c, batch_d = (copy_task_batch(rng, 16, 16, VOCAB_SIZE) for _ in range(2))
-  state, state_sharding = train.sharded_train_state(jax.random.key(0), s.model, tx, s.device_batch(batch_a),
+  state, state_sharding = experiment.sharded_train_state(jax.random.key(0), s.model, tx, s.device_batch(batch_a),
                                                     mesh, rules)
   train_fn, _ = train.jit_steps(s, state_sharding)
   copy = lambda tree: jax.tree.map(jnp.copy, tree)  # train_fn donates the state it is given.
@@ -334,7 +336,7 @@ def test_validation_bleu_keeps_the_best_checkpoints_and_selection_uses_them(tmp_
   """train.eval_bleu_every_steps decodes the validation split, logs its BLEU, and keeps the
   eval.average_best_n best steps by it in best_checkpoints/; eval.checkpoint_selection picks from them."""
   scripted = {2: 10.0, 4: 30.0, 6: 20.0}  # Validation BLEU by step, scripted so the ranking is known.
-  real = train.validation_bleu
+  real = evaluate.validation_bleu
 
   def scripted_bleu(s, params, eval_split, step):
     scores = real(s, params, eval_split, step)
@@ -356,9 +358,9 @@ def test_validation_bleu_keeps_the_best_checkpoints_and_selection_uses_them(tmp_
   assert (tmp_path / 'validation.hyp.de').read_text(encoding='utf-8').count('\n') == SPLITS['val']
 
   # The best checkpoint alone equals checkpoint 4 of the run; the average of the 2 best is their mean.
-  s = train.setup(config, str(tmp_path))
+  s = experiment.setup(config, str(tmp_path))
   try:
-    params_best, steps = train.load_params(s)
+    params_best, steps = evaluate.load_params(s)
     assert steps == [4]
     params_4 = s.checkpoints.restore_subtree(4, s.abstract_state().params)
     for a, b in zip(jax.tree.leaves(params_best), jax.tree.leaves(params_4)):
@@ -366,9 +368,9 @@ def test_validation_bleu_keeps_the_best_checkpoints_and_selection_uses_them(tmp_
   finally:
     s.close()
   config.eval.checkpoint_selection = 'average_best'
-  s = train.setup(config, str(tmp_path))
+  s = experiment.setup(config, str(tmp_path))
   try:
-    params_avg, steps = train.load_params(s)
+    params_avg, steps = evaluate.load_params(s)
     assert steps == [4, 6]
     params_6 = s.checkpoints.restore_subtree(6, s.abstract_state().params)
     for a, b, c in zip(jax.tree.leaves(params_avg), jax.tree.leaves(params_4), jax.tree.leaves(params_6)):
@@ -381,4 +383,4 @@ def test_best_checkpoint_selection_needs_validation_bleu(corpus):
   config = text_config(corpus)
   config.eval.checkpoint_selection = 'best'
   with pytest.raises(ValueError, match=r'eval\.checkpoint_selection .*train\.eval_bleu_every_steps > 0'):
-    train.validate_config(config)
+    experiment.validate_config(config)

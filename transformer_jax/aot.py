@@ -94,7 +94,7 @@ def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[st
     memory in bytes, per-device and total HLO FLOPs, collective counts, compile seconds).
 
   Raises:
-    ValueError: for a bad config value (see `train.validate_config`) or a mesh the model does not divide by.
+    ValueError: for a bad config value (see `experiment.validate_config`) or a mesh the model does not divide by.
   """
   s = experiment.compute_setup(config, workdir)  # Compile mode reads and writes nothing.
   abstract_state = s.abstract_state()

@@ -1,108 +1,19 @@
 """Scaled dot-product attention (§3.2.1) and multi-head attention (§3.2.2), with their masks.
 
-Einsum letters: b batch, q query length, k key length, h heads (key/value heads when grouped), g query heads
-per key/value head, d d_k, v d_v, m d_model.
+Einsum letters as in `numerics` (b batch, l length, q query length, k key length, h heads, g query heads per
+key/value head, d d_k, v d_v, m d_model). The matrix products, dropout and initialiser are `numerics`'.
 Masks are bool and broadcast to [batch, num_heads, q_len, kv_len]; True means "may attend".
 """
-import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import numerics
 from transformer_jax import sharding
 
 Array = jax.Array
-
-# Glorot-uniform initialisation of every projection (the paper does not state one).
-default_kernel_init = nn.initializers.xavier_uniform
-
-
-def einsum(spec: str, lhs: Array, rhs: Array, out_dtype: Any = None) -> Array:
-  """jnp.einsum that multiplies in the inputs' dtype, accumulates in float32 and returns out_dtype.
-
-  For bfloat16 inputs the backward pass also multiplies bf16 by bf16 with float32 accumulation: plain
-  autodiff would feed the float32 cotangent into the weight-gradient products, which then run at float32
-  speed (on CPUs with AMX and on accelerators a bf16 product is only fast with float32 accumulation,
-  ../shared/ENVIRONMENT.md). Every index of an operand must appear in the other operand or the output.
-
-  Args:
-    spec: two-operand einsum spec with explicit output, e.g. 'blm,mhd->blhd'.
-    lhs, rhs: arrays of one floating dtype.
-    out_dtype: the result's dtype; lhs.dtype by default (float32 for attention scores and logits).
-
-  Returns:
-    The product in out_dtype.
-  """
-  return _einsum(spec, jnp.dtype(out_dtype or lhs.dtype), lhs, rhs)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _einsum(spec, out_dtype, lhs, rhs):
-  return jnp.einsum(spec, lhs, rhs, preferred_element_type=jnp.float32).astype(out_dtype)
-
-
-def _einsum_fwd(spec, out_dtype, lhs, rhs):
-  return _einsum(spec, out_dtype, lhs, rhs), (lhs, rhs)
-
-
-def _einsum_bwd(spec, out_dtype, residuals, cotangent):
-  del out_dtype
-  lhs, rhs = residuals
-  inputs, output = spec.split('->')
-  lhs_spec, rhs_spec = inputs.split(',')
-  cotangent = cotangent.astype(lhs.dtype)
-  d_lhs = jnp.einsum(f'{output},{rhs_spec}->{lhs_spec}', cotangent, rhs, preferred_element_type=jnp.float32)
-  d_rhs = jnp.einsum(f'{lhs_spec},{output}->{rhs_spec}', lhs, cotangent, preferred_element_type=jnp.float32)
-  return d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype)
-
-
-_einsum.defvjp(_einsum_fwd, _einsum_bwd)
-
-
-def dropout(x: Array, rate: float, rng: Array) -> Array:
-  """Inverted dropout: zeroes each element with probability `rate` and scales the rest by 1/(1-rate).
-
-  The keep mask comes from a counter-based hash (the murmur3 finaliser over element index and a 64-bit
-  seed drawn from `rng`), compared at 16-bit resolution (so `rate` is honoured to within 1/65536).
-  jax.random.bernoulli costs ~25 ns per element on a CPU, as much as the whole forward pass of a small
-  model; the hash is elementwise integer arithmetic that XLA fuses into the surrounding ops.
-
-  Args:
-    x: any shape and floating dtype.
-    rate: drop probability in [0, 1).
-    rng: a PRNG key (from make_rng('dropout')).
-
-  Returns:
-    x's shape and dtype.
-  """
-  seed = jax.random.bits(rng, (2,), jnp.uint32)
-  index = jnp.zeros(x.shape, jnp.uint32)
-  stride = 1
-  for axis in reversed(range(x.ndim)):
-    index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride)
-    stride *= x.shape[axis]
-  h = (index * jnp.uint32(0x9E3779B1)) ^ seed[0]
-  h = h + seed[1] * jnp.uint32(0x85EBCA77)
-  for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
-    h = (h ^ (h >> shift)) * jnp.uint32(multiplier)
-  h = h ^ (h >> 16)
-  threshold = jnp.uint32(round(rate * 65536))
-  keep = (h >> 16) >= threshold
-  return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros_like(x))
-
-
-class Dropout(nn.Module):
-  """Dropout with `dropout` above; a no-op when deterministic or rate == 0."""
-  rate: float
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    if deterministic or self.rate == 0.0:
-      return x
-    return dropout(x, self.rate, self.make_rng('dropout'))
-
 
 def padding_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
   """Mask that keeps each query inside its own sentence (segment) and away from padding.
@@ -125,21 +36,9 @@ def causal_mask(length: int) -> Array:
   return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None, :, :]
 
 
-def attention_product_dtype(dtype: Any) -> jnp.dtype:
-  """The dtype the attention products (Q K^T and weights x V) multiply in, for a compute dtype.
-
-  The compute dtype, except on XLA:CPU, which has no batched bf16 x bf16 -> float32 product ("DotThunk"):
-  there they run in float32 (attention is a small share of the FLOPs), and decoding caches are stored in
-  float32 so that no step converts them.
-  """
-  if jax.default_backend() == 'cpu':
-    return jnp.dtype(jnp.float32)
-  return jnp.dtype(dtype)
-
-
 def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | None, *,
                           dropout_rate: float = 0.0, dropout_rng: Array | None = None,
-                          deterministic: bool = True) -> tuple[Array, Array]:
+                          deterministic: bool = True, product_dtype: Any = None) -> tuple[Array, Array]:
   """Scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V (§3.2.1, Eq. 1).
 
   The mask is applied before the softmax; the softmax runs in float32. A query whose keys are all masked
@@ -157,6 +56,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
     dropout_rate: dropout on the attention weights (not in the paper; 0 by default).
     dropout_rng: PRNG key for that dropout.
     deterministic: disables dropout.
+    product_dtype: the dtype Q K^T and weights x V multiply in (float32 accumulation either way); None:
+      query.dtype. `ModelConfig.attention_product_dtype` chooses it.
 
   Returns:
     (output [batch, q_len, num_heads, d_v] in value.dtype,
@@ -174,11 +75,11 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
   batch, q_len, num_heads, _ = query.shape
   groups = num_heads // key.shape[2]
   out_dtype = value.dtype
-  product_dtype = attention_product_dtype(query.dtype)
+  product_dtype = jnp.dtype(product_dtype or query.dtype)
   query, key, value = (x.astype(product_dtype) for x in (query, key, value))
   query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
   query = query.reshape(batch, q_len, key.shape[2], groups, query.shape[-1])  # Head i = (i // groups, i % groups).
-  scores = einsum('bqhgd,bkhd->bhgqk', query, key, jnp.float32)
+  scores = numerics.einsum('bqhgd,bkhd->bhgqk', query, key, jnp.float32)
   scores = scores.reshape(batch, num_heads, q_len, key.shape[1])  # [batch, num_heads, q_len, kv_len]
   if mask is not None:
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
@@ -187,9 +88,9 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
     # A fully masked row has a uniform softmax over -inf-like scores: zero it (and its gradient).
     weights = jnp.where(mask, weights, 0.0)
   if not deterministic and dropout_rate > 0.0:
-    weights = dropout(weights, dropout_rate, dropout_rng)
+    weights = numerics.dropout(weights, dropout_rate, dropout_rng)
   grouped_weights = weights.astype(value.dtype).reshape(batch, key.shape[2], groups, q_len, key.shape[1])
-  output = einsum('bhgqk,bkhv->bqhgv', grouped_weights, value).reshape(batch, q_len, num_heads, value.shape[-1])
+  output = numerics.einsum('bhgqk,bkhv->bqhgv', grouped_weights, value).reshape(batch, q_len, num_heads, value.shape[-1])
   return output.astype(out_dtype), weights
 
 
@@ -211,7 +112,7 @@ class MultiHeadAttention(nn.Module):
   """Multi-head attention, Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
   §3.2.2, with num_heads, d_k and d_v independent (Table 3 rows A and B). The projections have no bias,
-  as in the paper's equations. In decoding mode (`decode=True`) a self-attention layer appends each step's
+  as in the paper's equations. In decoding mode (`use_cache=True`) a self-attention layer appends each step's
   key and value to a cache; a cross-attention layer projects the encoder output once per sentence and keeps
   the result in the cache (`cross_attention=True`). Cached keys and values are stored heads-first,
   [batch, num_heads, length, d_k or d_v]: the layout the per-step attention products read in place (stored
@@ -231,6 +132,8 @@ class MultiHeadAttention(nn.Module):
       queries and W^O stay split over HEADS.
     position_transform: f(x [batch, length, heads, d], positions) applied to queries and keys before the
       product and before keys enter the cache (rotary positions, `layers.apply_rope`), or None.
+    product_dtype: the dtype of the attention products and of the decoding cache; None: dtype
+      (`ModelConfig.attention_product_dtype`).
   """
   num_heads: int
   d_k: int
@@ -241,17 +144,22 @@ class MultiHeadAttention(nn.Module):
   attention_impl: str = 'xla'
   num_kv_heads: int | None = None
   position_transform: Any = None
+  product_dtype: Any = None
+
+  @property
+  def _product_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.product_dtype or self.dtype)
 
   def _project(self, x: Array, features: int, name: str, num_heads: int, heads_axis: str) -> Array:
     """x [batch, length, d_model] @ W [d_model, num_heads, features] -> [batch, length, num_heads, features]."""
-    init = default_kernel_init(in_axis=0, out_axis=(1, 2))
+    init = numerics.default_kernel_init(in_axis=0, out_axis=(1, 2))
     kernel = self.param(name, nn.with_logical_partitioning(init, (sharding.EMBED, heads_axis, sharding.KV)),
                         (x.shape[-1], num_heads, features))
-    return einsum('blm,mhd->blhd', x.astype(self.dtype), kernel.astype(self.dtype))
+    return numerics.einsum('blm,mhd->blhd', x.astype(self.dtype), kernel.astype(self.dtype))
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *,
-               deterministic: bool, decode: bool = False, positions: Array | None = None) -> Array:
+               deterministic: bool, use_cache: bool = False, positions: Array | None = None) -> Array:
     """Attends from inputs_q to inputs_kv.
 
     Args:
@@ -264,7 +172,7 @@ class MultiHeadAttention(nn.Module):
         n consecutive query rows (the beams of one sentence) share each memory row, and the mask is
         broadcastable to [batch / n, num_heads, n * q_len, kv_len].
       deterministic: disables dropout.
-      decode: incremental decoding with the 'cache' collection (q_len is 1 after the cache exists).
+      use_cache: incremental decoding with the 'cache' collection (q_len is 1 after the cache exists).
       positions: int [batch, q_len] positions of the queries (self-attention: also of the keys) for
       `position_transform`; None means 0..q_len-1.
 
@@ -277,7 +185,7 @@ class MultiHeadAttention(nn.Module):
     query = self._project(inputs_q, self.d_k, 'query', self.num_heads, sharding.HEADS)  # [b, q_len, heads, d_k]
     if self.position_transform is not None:
       query = self.position_transform(query, positions)
-    if decode and self.cross_attention and self.has_variable('cache', 'cached_key'):
+    if use_cache and self.cross_attention and self.has_variable('cache', 'cached_key'):
       key = jnp.swapaxes(self.get_variable('cache', 'cached_key'), 1, 2)
       value = jnp.swapaxes(self.get_variable('cache', 'cached_value'), 1, 2)
     else:
@@ -285,18 +193,18 @@ class MultiHeadAttention(nn.Module):
       value = self._project(inputs_kv, self.d_v, 'value', kv_heads, kv_axis)  # [batch, kv_len, kv_heads, d_v]
       if self.position_transform is not None:  # Self-attention: the keys are at the queries' positions.
         key = self.position_transform(key, positions)
-      if decode and self.cross_attention:
-        cache_dtype = attention_product_dtype(self.dtype)
+      if use_cache and self.cross_attention:
+        cache_dtype = self._product_dtype
         self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(cache_dtype))
         self.put_variable('cache', 'cached_value', jnp.swapaxes(value, 1, 2).astype(cache_dtype))
-      elif decode:
+      elif use_cache:
         key, value, mask = self._update_self_attention_cache(key, value, mask)
 
     rows, q_len = query.shape[:2]
     if key.shape[0] != rows:
       # Decoding: the hypotheses (beams) of a sentence are consecutive query rows and share its memory row;
       # fold them into the query length instead of copying the memory for every beam.
-      if not (decode and self.cross_attention and rows % key.shape[0] == 0):
+      if not (use_cache and self.cross_attention and rows % key.shape[0] == 0):
         raise ValueError(f'{rows} query rows cannot attend to {key.shape[0]} key rows')
       query = query.reshape(key.shape[0], rows // key.shape[0] * q_len, *query.shape[2:])
 
@@ -305,20 +213,19 @@ class MultiHeadAttention(nn.Module):
       dropout_rng = self.make_rng('dropout')
     if self.attention_impl == 'fused' and self.dropout_rate == 0.0:
       # One dtype for the three (jax.nn.dot_product_attention requires it): decoding caches hold K/V in the
-      # product dtype, which is float32 on CPUs.
-      product_dtype = attention_product_dtype(self.dtype)
-      output = fused_dot_product_attention(*(x.astype(product_dtype) for x in (query, key, value)), mask)
+      # product dtype.
+      output = fused_dot_product_attention(*(x.astype(self._product_dtype) for x in (query, key, value)), mask)
       output = output.astype(self.dtype)
     else:
       output, weights = dot_product_attention(
           query, key, value, mask, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
-          deterministic=deterministic)
+          deterministic=deterministic, product_dtype=self._product_dtype)
       self.sow('intermediates', 'attention_weights', weights)
     output = output.reshape(rows, q_len, *output.shape[2:])
-    init = default_kernel_init(in_axis=(0, 1), out_axis=2)
+    init = numerics.default_kernel_init(in_axis=(0, 1), out_axis=2)
     kernel = self.param('output', nn.with_logical_partitioning(init, (sharding.HEADS, sharding.KV, sharding.EMBED)),
                         (self.num_heads, self.d_v, d_model))  # W^O
-    return einsum('bqhv,hvm->bqm', output, kernel.astype(self.dtype))
+    return numerics.einsum('bqhv,hvm->bqm', output, kernel.astype(self.dtype))
 
   def _update_self_attention_cache(self, key: Array, value: Array, mask: Array | None):
     """Writes this step's key/value at the cache index; returns the whole cache and its causal mask.
@@ -328,7 +235,7 @@ class MultiHeadAttention(nn.Module):
     """
     is_initialized = self.has_variable('cache', 'cached_key')
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, length, heads, d] <-> [batch, heads, length, d]
-    dtype = attention_product_dtype(self.dtype)
+    dtype = self._product_dtype
     cached_key = self.variable('cache', 'cached_key', jnp.zeros, heads_first(key).shape, dtype)
     cached_value = self.variable('cache', 'cached_value', jnp.zeros, heads_first(value).shape, dtype)
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32))

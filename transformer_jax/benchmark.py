@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import train
+from transformer_jax import translation
 
 # Dense bf16 peaks (FLOP/s) of accelerators whose measured matmul rate would understate the datasheet.
 KNOWN_PEAKS = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5p': 459e12, 'TPU v6 lite': 918e12}
@@ -146,7 +146,7 @@ def _decode_rate(params, model, config, host_batch) -> float:
   """Beam search (decode.beam_size, alpha) sentences/s on benchmark.decode_sentences synthetic sources."""
   count = min(config.benchmark.decode_sentences, host_batch['source_tokens'].shape[0])
   source = jnp.asarray(host_batch['source_tokens'][:count])
-  decode = functools.partial(evaluate.decode_batch, model=model, beam_size=config.decode.beam_size,
+  decode = functools.partial(translation.decode_batch, model=model, beam_size=config.decode.beam_size,
                              alpha=config.decode.alpha, extra_length=config.decode.extra_length)
   seconds, _ = _timed(decode, params, source, num_steps=2)
   return count / seconds

@@ -23,10 +23,13 @@ import collections.abc
 import json
 import math
 import os
+import time
 from typing import Any, NamedTuple
 
 from absl import logging
+from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
@@ -315,6 +318,38 @@ class CheckpointManager:
       raise ValueError(f'No checkpoint in {self._directory} could be restored:\n'
                        + '\n'.join(failures))
     return None
+
+  def set_aside_newer_than(self, step: int, target_dir: str | os.PathLike[str]) -> list[int]:
+    """Moves every checkpoint newer than `step` (unreadable ones that `restore_latest` skipped) to target_dir.
+
+    They are moved rather than deleted because a read error may be transient, and their files tell what
+    went wrong; the resumed run writes those steps again (orbax never overwrites a step). Each lands in
+    `<target_dir>/<step>.<YYYYmmdd-HHMMSS>`, with a warning. All processes call it; process 0 moves.
+
+    Returns:
+      The steps moved, ascending.
+
+    Raises:
+      RuntimeError: if a newer step is still listed afterwards.
+    """
+    newer = [s for s in self.all_steps() if s > step]
+    self._manager.wait_until_finished()
+    if jax.process_index() == 0 and newer:
+      target = epath.Path(target_dir)
+      target.mkdir(parents=True, exist_ok=True)
+      for moved in newer:
+        destination = target / f'{moved}.{time.strftime("%Y%m%d-%H%M%S")}'
+        epath.Path(self._step_path(moved)).rename(destination)
+        logging.warning('Moved unusable checkpoint step %d to %s; resuming from step %d.', moved, destination,
+                        step)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices('unusable checkpoints moved')
+    self._manager.reload()
+    left = [s for s in self.all_steps() if s > step]
+    if left:
+      raise RuntimeError(f'Unusable checkpoint steps {left} are still in {self._directory}; move them away '
+                         'and rerun.')
+    return newer
 
   def restore_subtree(self, step: int, abstract_subtree: PyTree,
                       subtree: str = 'params') -> PyTree:

@@ -1,23 +1,38 @@
-"""Validation loss and translation with the decoding cache (§6.1), and BLEU on the result.
+"""§6.1 evaluation: which checkpoints to use, validation loss and BLEU, the test translation, and the
+`--mode=evaluate` and `--mode=translate` entry points.
 
-BLEU is sacreBLEU on detokenised output (the comparable figure today) and, labelled separately, the
-tokenised BLEU with compound splitting that the paper's numbers use (`bleu.py`).
+BLEU is reported three ways (`bleu.all_bleu`): sacreBLEU on detokenised output (the headline), the tokenised
+BLEU with compound splitting that the paper's numbers use, and the lowercased, Moses-tokenised BLEU of the
+Multi30k literature. The search itself is `translation.py`'s; the Setup every mode builds is `experiment.py`'s.
 """
 import functools
+import json
 import math
+import sys
+import time
 from typing import Any, Iterable
 
-import flax
+from absl import logging
+from etils import epath
+import flax.linen as nn
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import decoding
+from transformer_jax import bleu
+from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import experiment
+from transformer_jax import input_pipeline
+from transformer_jax import losses
 from transformer_jax import model as model_lib
-from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax import multi30k
+from transformer_jax import sharding
+from transformer_jax import translation
+from transformer_jax import workdir as workdir_lib
+from transformer_jax.experiment import Setup
 
 Array = jax.Array
+Batch = dict[str, Array]
 
 
 def summarize_metrics(sums: dict[str, float]) -> dict[str, float]:
@@ -40,119 +55,241 @@ def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
   return summarize_metrics(jax.device_get(totals))
 
 
-# Decoding grows the self-attention cache through these lengths (decoding.beam_search's cache_stages).
-CACHE_STAGES = (16, 32, 64, 128, 256)
+def write_scalars(writer, step: int, scalars: dict[str, float], prefix: str) -> None:
+  """Writes each scalar as TensorBoard tag `<prefix>/<key>` at `step` and flushes; nothing when writer is None."""
+  if writer is not None:
+    for key, value in scalars.items():
+      writer.add_scalar(f'{prefix}/{key}', value, step)
+    writer.flush()
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length', 'cache_stages'))
-def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int,
-                 alpha: float, extra_length: int, cache_stages: tuple[int, ...] = CACHE_STAGES) -> Array:
-  """Translates one batch: encoder once, then cached beam search (or greedy when beam_size is 1).
+def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
+              label_smoothing: float) -> dict[str, Array]:
+  """Teacher-forced validation metrics for one batch, as sums (see `losses.smoothed_cross_entropy`)."""
+  logits = model.apply({'params': params}, batch['source_tokens'], batch['decoder_input_tokens'],
+                       **experiment.model_inputs(batch), deterministic=True)
+  return losses.smoothed_cross_entropy(logits, batch['target_tokens'], losses.target_weights(batch), label_smoothing)
 
-  The maximum output length is the source length (tokens, EOS included) + extra_length (§6.1: +50).
+
+def jit_eval_step(setup: Setup, params_sharding):
+  """`eval_step` jitted for the mesh and config of `setup`: eval_fn(params, batch) -> metric sums.
 
   Args:
-    params: model parameters.
-    source_tokens: int32 [batch, src_len], 0-padded.
-    model: the Transformer.
-    beam_size: hypotheses kept per sentence; 1 runs greedy decoding.
-    alpha: length penalty exponent.
-    extra_length: extra output tokens allowed beyond the source length.
-    cache_stages: decoded lengths at which the self-attention cache grows (the search compiles one loop
-      per stage below the maximum length); () keeps the whole length from the start. Same output.
-
-  Returns:
-    int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS.
+    setup: the Setup (mesh, model, train.label_smoothing).
+    params_sharding: the parameters' tree of NamedShardings.
   """
-  batch_size, source_length = source_tokens.shape
-  source_segment_ids = model_lib.segment_ids_from_tokens(source_tokens)
-  memory = model.apply({'params': params}, source_tokens, source_segment_ids, method='encode')
-  max_steps = source_length + extra_length
-  max_decode_lengths = jnp.sum(source_segment_ids, axis=-1) + extra_length  # [batch]
-  cache_stages = tuple(n for n in cache_stages if n < max_steps)
-  _, variables = model.apply({'params': params}, memory, source_segment_ids, min(cache_stages or (max_steps,)),
-                             beam_size, method='init_cache', mutable=['cache'])
-  # The encoder-decoder attention K/V never change: keep them out of the search's cache, which beam
-  # search reorders (copies) at every step.
-  fixed, cache = _split_cache(variables['cache'])
-
-  def step_fn(last_tokens, cache):
-    logits, new_variables = model.apply(
-        {'params': params, 'cache': flax.traverse_util.unflatten_dict(fixed | _flat(cache))},
-        last_tokens[:, None], memory, source_segment_ids, decode=True, method='decode', mutable=['cache'])
-    return logits[:, 0, :], _split_cache(new_variables['cache'])[1]
-
-  common = dict(batch_size=batch_size, max_decode_lengths=max_decode_lengths, max_steps=max_steps,
-                eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID,
-                cache_stages=cache_stages, grow_cache=model_lib.grow_decoding_cache)
-  if beam_size == 1:
-    return decoding.greedy_search(step_fn, cache, **common)
-  tokens, _ = decoding.beam_search(step_fn, cache, beam_size=beam_size, alpha=alpha, **common)
-  return tokens[:, 0, :]
+  return jax.jit(functools.partial(eval_step, model=setup.model, label_smoothing=setup.config.train.label_smoothing),
+                 in_shardings=(params_sharding, sharding.batch_sharding(setup.mesh)))
 
 
-def _flat(tree) -> dict:
-  return flax.traverse_util.flatten_dict(flax.core.unfreeze(tree))
-
-
-def _split_cache(cache) -> tuple[dict, Any]:
-  """(flat dict of the encoder-decoder attention entries, the rest of the cache as a nested dict)."""
-  flat = _flat(cache)
-  fixed = {path: value for path, value in flat.items() if 'encoder_decoder_attention' in path}
-  rest = {path: value for path, value in flat.items() if path not in fixed}
-  return fixed, flax.traverse_util.unflatten_dict(rest)
-
-
-def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_sentences: int, *,
-               model: model_lib.Transformer, beam_size: int, alpha: float, extra_length: int,
-               batch_sharding: jax.sharding.Sharding | None = None) -> list[np.ndarray]:
-  """The best hypothesis of every sentence of `batches`, in the original order.
-
-  With `batch_sharding`, each batch holds this process's rows of a global batch (`input_pipeline.eval_batches`
-  with process_index/process_count): the rows become one global array split over the devices of every
-  process, the search runs on all of them together, and every process receives every row back. Without it,
-  the batch is decoded on the default device (one process).
+def validate(setup: Setup, eval_fn, params, eval_batches, step: int) -> dict[str, float]:
+  """Validation loss, nll, perplexity and accuracy of `params` (`evaluate`), logged as of `step`.
 
   Args:
-    params: model parameters (e.g. an average of checkpoints), placed or sharded as for training.
-    batches: eval batches with `source_tokens` and `example_index` (-1 on padding rows).
-    num_sentences: number of sentences; every one must receive an output.
-    model, beam_size, alpha, extra_length: see `decode_batch`.
-    batch_sharding: the sharding of a global batch over the data axes (`sharding.batch_sharding`), or None.
+    setup: the Setup.
+    eval_fn: `jit_eval_step`'s function.
+    params: the parameters, placed as for training.
+    eval_batches: this host's rows of every validation batch (`experiment.make_eval_batches`).
+    step: the training step, for the log line.
+  """
+  # Global arrays: with several processes each host holds its rows of every batch (multi-host safe).
+  metrics = evaluate(eval_fn, params, map(setup.device_batch, eval_batches))
+  logging.info('eval at step %d | loss %.4f | nll %.4f | perplexity %.2f | acc %.3f', step, metrics['loss'],
+               metrics['nll'], metrics['perplexity'], metrics['accuracy'])
+  return metrics
+
+
+def translate_ids(setup: Setup, params, source_ids, target_ids=None, beam_size: int | None = None) -> list[str]:
+  """Beam search (decode.*; `beam_size` overrides decode.beam_size) over tokenised sources, in order."""
+  if target_ids is None:
+    target_ids = input_pipeline.Ragged.from_lists([[] for _ in range(len(source_ids))])
+  batches = experiment.make_eval_batches(setup, source_ids, target_ids)
+  decode_cfg = setup.config.decode
+  return translation.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
+                                beam_size=beam_size or decode_cfg.beam_size, alpha=decode_cfg.alpha,
+                                extra_length=decode_cfg.extra_length,
+                                batch_sharding=sharding.batch_sharding(setup.mesh))
+
+
+def translate_split(setup: Setup, params, split, beam_size: int | None = None) -> tuple[list[str], dict, float]:
+  """Translates a split with beam search and scores it (`bleu.all_bleu`).
+
+  Args:
+    setup: the Setup.
+    params: the parameters to decode with.
+    split: `encode_split` of the split (texts and ids).
+    beam_size: overrides decode.beam_size (1: greedy).
 
   Returns:
-    num_sentences int32 arrays [src_len + extra_length] of token ids, PAD after EOS.
+    (hypotheses, the three BLEUs and the sacreBLEU signature, seconds spent decoding).
+  """
+  start = time.perf_counter()
+  hypotheses = translate_ids(setup, params, split.source_ids, split.target_ids, beam_size=beam_size)
+  seconds = time.perf_counter() - start
+  return hypotheses, bleu.all_bleu(hypotheses, split.target_texts, setup.config.data.target_lang), seconds
+
+
+_BLEUS = ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')
+
+
+def validation_bleu(setup: Setup, params, eval_split, step: int) -> dict[str, float]:
+  """BLEU of the validation split decoded with beam eval.bleu_beam_size (0: decode.beam_size; 1: greedy).
+
+  Args:
+    setup: the Setup.
+    params: the parameters to decode with.
+    eval_split: `encode_split` of the validation split.
+    step: the training step, for the log line.
+
+  Returns:
+    {'bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'bleu_seconds'} (see `bleu.all_bleu`).
+  """
+  beam_size = setup.config.eval.bleu_beam_size or setup.config.decode.beam_size
+  _, scores, seconds = translate_split(setup, params, eval_split, beam_size)
+  logging.info('validation BLEU at step %d | bleu %.2f | lowercased tokenized %.2f | beam %d | %.1f s', step,
+               scores['bleu'], scores['lowercased_tokenized_bleu'], beam_size, seconds)
+  return {key: scores[key] for key in _BLEUS} | {'bleu_seconds': seconds}
+
+
+def load_params(setup: Setup):
+  """The parameters the final evaluation uses (§6.1), chosen by eval.checkpoint_selection.
+
+  'average_last': the mean of the last eval.average_last_n checkpoints; 'best': the checkpoint of
+  `<workdir>/best_checkpoints` with the best validation BLEU; 'average_best': the mean of the
+  eval.average_best_n best.
+
+  Returns:
+    (params, steps): the (averaged) parameters, placed as for training, and the checkpoint steps they
+    come from, ascending.
 
   Raises:
-    ValueError: if some sentence received no output (a batching bug, never silently tolerated).
+    FileNotFoundError: if the workdir holds no checkpoint to choose from.
   """
-  outputs: list[np.ndarray | None] = [None] * num_sentences
-  for batch in batches:
-    if batch_sharding is None:
-      source, index = jnp.asarray(batch['source_tokens']), batch['example_index']
+  selection = setup.config.eval.checkpoint_selection
+  if selection == 'average_last':
+    manager = setup.checkpoints
+    steps = manager.all_steps()[-setup.config.eval.average_last_n:]
+  else:
+    manager = setup.best_checkpoints
+    steps = sorted(manager.best_steps()[:1 if selection == 'best' else setup.config.eval.average_best_n])
+  if not steps:
+    raise FileNotFoundError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
+  logging.info('Averaging the parameters of checkpoint steps %s (eval.checkpoint_selection=%s).', steps,
+               selection)
+  return checkpoints_lib.average_checkpoints(manager, steps, setup.abstract_state().params), steps
+
+
+def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_split=None,
+                     eval_split=None, run_info=None) -> dict[str, float]:
+  """Validation metrics and BLEU, and test BLEU, of the chosen checkpoints (`load_params`).
+
+  Hypotheses are written to `<workdir>/<split>.hyp.<target_lang>` and every figure to
+  `<workdir>/final_metrics.json` (process 0).
+
+  Args:
+    setup: the Setup.
+    eval_fn: the jitted eval step.
+    eval_batches: the validation split's batches.
+    writer: a tensorboardX writer, or None.
+    test_split: `encode_split` of the test split, if already loaded; read when None.
+    eval_split: `encode_split` of the validation split, if already loaded; read when None.
+    run_info: figures of the training run to store in final_metrics.json beside the evaluation's
+      (`train_wall_seconds`: this invocation's training loop, compilation and validation included;
+      `train_steps`), or None.
+
+  Returns:
+    Validation loss, nll, perplexity, accuracy; with train.translate_at_end also `validation_bleu`,
+    `validation_lowercased_tokenized_bleu`, and the test split's `bleu` (sacreBLEU), `tokenized_bleu`,
+    `lowercased_tokenized_bleu` and `decode_sentences_per_sec`.
+  """
+  params, steps = load_params(setup)
+  data_cfg = setup.config.data
+  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    results = validate(setup, eval_fn, params, eval_batches, steps[-1])
+    write_scalars(writer, steps[-1], results, 'eval_averaged')
+    if not setup.config.train.translate_at_end:
+      _write_final_metrics(setup, results, steps, params, run_info)
+      return results
+    eval_split = eval_split or experiment.encode_split(setup, data_cfg.eval_split)
+    hypotheses, scores, _ = translate_split(setup, params, eval_split)
+    results |= {'validation_bleu': scores['bleu'],
+                'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu']}
+    _write_hypotheses(setup, data_cfg.eval_split, hypotheses)
+    test_split = test_split or experiment.encode_split(setup, data_cfg.test_split)
+    hypotheses, scores, seconds = translate_split(setup, params, test_split)
+  path = _write_hypotheses(setup, data_cfg.test_split, hypotheses)
+  results |= {key: scores[key] for key in _BLEUS}
+  results['decode_sentences_per_sec'] = len(hypotheses) / seconds
+  write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
+  _write_final_metrics(setup, results, steps, params, run_info)
+  logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(hypotheses), seconds,
+               len(hypotheses) / seconds, path)
+  _print_bleu(setup, results, scores['bleu_signature'], steps)
+  return results
+
+
+def _print_bleu(setup: Setup, results: dict[str, float], signature: str, steps: list[int]) -> None:
+  """The lines a final evaluation prints: validation BLEU, then the test split's three BLEUs."""
+  print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {setup.config.data.eval_split}; lowercased '
+        f'tokenized {results["validation_lowercased_tokenized_bleu"]:.2f})')
+  print(f'bleu: {results["bleu"]:.2f}  ({signature}; beam {setup.config.decode.beam_size}, '
+        f'{setup.config.eval.checkpoint_selection}: averaged steps {steps})')
+  print(f'tokenized_bleu: {results["tokenized_bleu"]:.2f}  (tokenized, compound-split, as in the paper)')
+  print(f'lowercased_tokenized_bleu: {results["lowercased_tokenized_bleu"]:.2f}  (lowercased, Moses-normalised '
+        'and -tokenised, multi-bleu: the Multi30k literature\'s BLEU)')
+
+
+def _write_hypotheses(setup: Setup, split: str, hypotheses: list[str]) -> epath.Path:
+  path = epath.Path(workdir_lib.path(setup.workdir, workdir_lib.hypotheses_file(split, setup.config.data.target_lang)))
+  if jax.process_index() == 0:
+    path.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
+  return path
+
+
+def _write_final_metrics(setup: Setup, results: dict[str, float], steps: list[int], params, run_info=None) -> None:
+  """`<workdir>/final_metrics.json`: the final evaluation's figures, the checkpoints they come from and the
+  parameter count of `params` (what transformer_jax.report reads)."""
+  if jax.process_index() == 0:
+    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    record = {key: float(value) for key, value in results.items()} | (run_info or {}) | {
+        'checkpoint_steps': list(steps), 'checkpoint_selection': setup.config.eval.checkpoint_selection,
+        'num_params': num_params}
+    epath.Path(workdir_lib.path(setup.workdir, workdir_lib.FINAL_METRICS)).write_text(
+        json.dumps(record, indent=2, sort_keys=True))
+
+
+def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
+  """--mode=evaluate: validation metrics and test BLEU of the latest (averaged) checkpoints."""
+  data_cfg = config.data
+  setup = experiment.setup(config, workdir, data_splits=(data_cfg.eval_split,) + ((data_cfg.test_split,)
+                                                                   if config.train.translate_at_end else ()))
+  try:
+    eval_split = experiment.encode_split(setup, data_cfg.eval_split)
+    eval_fn = jit_eval_step(setup, jax.tree.map(lambda x: x.sharding, setup.abstract_state().params))
+    return final_evaluation(setup, eval_fn, experiment.make_eval_batches(setup, eval_split.source_ids, eval_split.target_ids),
+                            eval_split=eval_split)
+  finally:
+    setup.close()
+
+
+def translate_file(config, workdir: str, input_path: str | None, output_path: str | None) -> None:
+  """--mode=translate: one output line per input line (a blank line stays blank), stdin/stdout by default."""
+  setup = experiment.setup(config, workdir)
+  try:
+    # Lines end at '\n' only: str.splitlines would also split at Unicode separators inside a sentence.
+    if input_path:
+      lines = multi30k.read_lines(input_path)
     else:
-      source, index = (jax.make_array_from_process_local_data(batch_sharding, batch[key])
-                       for key in ('source_tokens', 'example_index'))
-    tokens = decode_batch(params, source, model=model, beam_size=beam_size, alpha=alpha,
-                          extra_length=extra_length)
-    # Every row, on every process, in the same global order for the tokens and their sentence indices.
-    tokens, index = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
-    for row in np.flatnonzero(index >= 0):
-      outputs[int(index[row])] = tokens[row]
-  missing = [i for i, tokens in enumerate(outputs) if tokens is None]
-  if missing:
-    raise ValueError(f'{len(missing)} sentences got no translation, first at line {missing[0] + 1}')
-  return outputs
-
-
-def translate(params: Any, batches: Iterable[dict[str, np.ndarray]], tokenizer: tokenizer_lib.Tokenizer,
-              num_sentences: int, **kwargs) -> list[str]:
-  """`decode_all` (same arguments after `tokenizer`), detokenised: num_sentences strings.
-
-  An empty source is translated like any other (from EOS alone); `train.translate_file` is what maps blank
-  input lines to blank output lines.
-
-  Raises:
-    ValueError: if some line received no translation.
-  """
-  return tokenizer.decode(decode_all(params, batches, num_sentences, **kwargs))
+      lines = sys.stdin.read().split('\n')
+      lines = [line.removesuffix('\r') for line in (lines[:-1] if lines[-1] == '' else lines)]
+    params, _ = load_params(setup)
+  finally:
+    setup.close()
+  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    hypotheses = translate_ids(setup, params, input_pipeline.encode(setup.tokenizer, lines))
+  hypotheses = [h if line.strip() else '' for line, h in zip(lines, hypotheses)]
+  text = ''.join(h + '\n' for h in hypotheses)
+  if output_path:
+    epath.Path(output_path).write_text(text, encoding='utf-8')
+  else:
+    sys.stdout.write(text)

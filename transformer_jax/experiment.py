@@ -8,7 +8,7 @@ that `Setup.abstract_state` can describe a checkpoint without initialising one.
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from etils import epath
 import flax
@@ -331,8 +331,8 @@ def open_checkpoints(config, workdir: str,
   """The checkpoint manager of `workdir`.
 
   The fingerprint stored with every checkpoint is what a run must agree with to resume or evaluate it: the
-  architecture (not the compute dtype, attention implementation or rematerialisation, which change no
-  parameter), the vocabulary size and the languages.
+  architecture (not the compute or attention-product dtype, attention implementation or rematerialisation,
+  which change no parameter), the vocabulary size and the languages.
 
   Raises:
     ValueError: if `workdir` holds a run with another fingerprint (nothing is written then).
@@ -362,7 +362,8 @@ _FIELDS_ADDED_LATER = {'norm': 'layer_norm', 'feed_forward': 'relu', 'num_kv_hea
 
 
 def _fingerprint(config, model_cfg: model_lib.ModelConfig) -> dict:
-  model = dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None}
+  model = dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None,
+                                          'attention_product_dtype': None}
   model = {key: value for key, value in model.items()
            if key not in _FIELDS_ADDED_LATER or value != _FIELDS_ADDED_LATER[key]}
   return {'model': model,
@@ -382,11 +383,23 @@ def _check_writable(workdir: str) -> None:
     raise OSError(f'--workdir={workdir} is not writable: {e}') from e
 
 
-def encode_split(s: Setup, split: str):
-  """(source texts, target texts, source ids, target ids) of one split, in file order."""
-  source, target = input_pipeline.load_split(s.config.data, split)
-  return (source, target, input_pipeline.encode(s.tokenizer, source),
-          input_pipeline.encode(s.tokenizer, target))
+class Split(NamedTuple):
+  """One split, read and tokenised, in file order (`encode_split`)."""
+  source_texts: list[str]
+  target_texts: list[str]  # The references BLEU scores against.
+  source_ids: input_pipeline.Ragged
+  target_ids: input_pipeline.Ragged
+
+
+def encode_split(setup: Setup, split: str) -> Split:
+  """Reads split `split` (data.*_split's name) and tokenises both sides with the run's vocabulary.
+
+  Raises:
+    ValueError, FileNotFoundError: from `input_pipeline.load_split` (a missing or mismatched file).
+  """
+  source, target = input_pipeline.load_split(setup.config.data, split)
+  return Split(source, target, input_pipeline.encode(setup.tokenizer, source),
+               input_pipeline.encode(setup.tokenizer, target))
 
 
 def make_eval_batches(s: Setup, source_ids, target_ids) -> list[dict[str, np.ndarray]]:

@@ -6,20 +6,16 @@ checkpoints are found and read with orbax's read-only calls (`restore_params`), 
 parsed as they grow (`read_scalars`). The module is named `inspection`, not `inspect`, so that running a file
 of this package as a script cannot shadow the standard library's `inspect`.
 
-  run = inspection.load_run('runs/multi30k', 'configs/multi30k.py')  # Latest checkpoint.
+  run = inspection.load_run('runs/multi30k')  # Latest checkpoint, with the run's own config.json.
   print(inspection.parameter_table(run.params))
   maps = inspection.sentence_attention(run, 'A dog runs.', 'Ein Hund rennt.')
   maps.encoder_decoder  # float32 [num_layers, num_heads, tgt_len, src_len]
 """
 import dataclasses
 import functools
-import importlib.util
-import json
 import os
-import pathlib
 import re
 import struct
-import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -40,63 +36,17 @@ from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import summary
 from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax import workdir as workdir_lib
 
 PyTree = Any
-CONFIG_FILE = 'config.json'  # <workdir>/config.json: the run's ConfigDict as JSON (see `save_config`).
 KINDS = ('encoder_self', 'decoder_self', 'encoder_decoder')
 _SOWN = {'encoder_self': ('encoder', 'self_attention'), 'decoder_self': ('decoder', 'self_attention'),
          'encoder_decoder': ('decoder', 'encoder_decoder_attention')}
 
 
-def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> ml_collections.ConfigDict:
-  """Returns a ConfigDict given itself, a `config.json`, a workdir holding one, or a config file.
-
-  Args:
-    config: a ConfigDict (returned as is); a path to a JSON file or to a workdir with `config.json`; or a
-      Python config file, optionally with an argument as on the command line ('configs/table3.py:B1').
-      Config files do `from configs import base`, so the folder above the file's is put on sys.path.
-
-  Raises:
-    FileNotFoundError: naming the path when there is no such file.
-  """
-  if isinstance(config, ml_collections.ConfigDict):
-    return config
-  text = os.fspath(config)
-  if os.path.isdir(text):
-    text = os.path.join(text, CONFIG_FILE)
-  match = re.fullmatch(r'(.+\.py):(.+)', text)
-  path, arg = (match[1], match[2]) if match else (text, '')
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'no config file {path!r} (give a ConfigDict, configs/<name>.py or a config.json)')
-  if path.endswith('.json'):
-    with open(path, encoding='utf-8') as f:
-      return ml_collections.ConfigDict(json.load(f))
-  root = str(pathlib.Path(path).resolve().parents[1])
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  spec = importlib.util.spec_from_file_location(f'_config_{pathlib.Path(path).stem}', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
-
-
-def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> str:
-  """Writes `<workdir>/config.json` atomically (a temporary file, then a rename); returns its path.
-
-  Tuples come back from JSON as lists; nothing in `config.model` is a tuple.
-  """
-  path = os.path.join(os.fspath(workdir), CONFIG_FILE)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  os.replace(tmp, path)
-  return path
-
-
 def checkpoint_steps(workdir: str | os.PathLike[str]) -> list[int]:
   """The committed checkpoint steps of a run, ascending ([] if none); reads only."""
-  directory = os.path.join(os.fspath(workdir), 'checkpoints')
+  directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
   if not os.path.isdir(directory):
     return []
   return sorted(m.step for m in ocp.step.standard_name_format().find_all(directory))
@@ -162,15 +112,15 @@ def load_run(workdir: str | os.PathLike[str], config=None, step: int | None = No
 
   Args:
     workdir: the run's directory.
-    config: anything `load_config` takes; None reads `<workdir>/config.json`.
+    config: anything `workdir.load_config` takes; None reads `<workdir>/config.json`.
     step: a checkpoint step; None means the latest.
 
   Raises:
     FileNotFoundError: for a missing config, vocabulary or checkpoint.
   """
   workdir = os.fspath(workdir)
-  config = load_config(workdir if config is None else config)
-  tokenizer_path = os.path.join(workdir, f'spm_{config.data.vocab_size}.model')
+  config = workdir_lib.load_config(workdir if config is None else config)
+  tokenizer_path = workdir_lib.path(workdir, workdir_lib.vocabulary_file(config.data.vocab_size))
   if not os.path.isfile(tokenizer_path):
     raise FileNotFoundError(f'no vocabulary {tokenizer_path}: is data.vocab_size={config.data.vocab_size} '
                             'the one the run was trained with?')
@@ -346,31 +296,3 @@ def _records(path: str):
       raise ValueError(f'{path}: corrupt TensorBoard record at byte {offset}')
     yield payload
     offset = end
-
-
-def train_tiny_run(workdir: str | os.PathLike[str], corpus_dir: str | os.PathLike[str],
-                   num_train_steps: int = 40) -> ml_collections.ConfigDict:
-  """Trains configs/tiny.py on Multi30k for a few steps (seconds on a CPU) and saves its config.json.
-
-  For demonstrations and tests of this module when no real run exists. The vocabulary has 512 pieces
-  (Multi30k needs at least 320 beside the 256 byte pieces); no beam search at the end.
-
-  Returns:
-    The config it trained with.
-
-  Raises:
-    FileNotFoundError: if configs/tiny.py is not beside the package (an editable install).
-  """
-  from transformer_jax import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow, ~4 s)
-  config = load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'tiny.py')
-  files = lambda stem: f'{corpus_dir}/{stem}.en.gz,{corpus_dir}/{stem}.de.gz'
-  # dataset='text' reads the gzip files directly; TFDS would first prepare a copy under ~/tensorflow_datasets.
-  config.data.update(dataset='text', train_files=files('train'), eval_files=files('val'),
-                     test_files=files('test_2016_flickr'), vocab_size=512, bucket_lengths=(32,))
-  checkpoint_every = max(num_train_steps // 2, 1)
-  config.train.update(num_train_steps=num_train_steps, warmup_steps=max(num_train_steps // 4, 1),
-                      log_every_steps=max(num_train_steps // 8, 1), eval_every_steps=checkpoint_every,
-                      checkpoint_every_steps=checkpoint_every, translate_at_end=False)
-  save_config(config, workdir)
-  train.train_and_evaluate(config, os.fspath(workdir))
-  return config

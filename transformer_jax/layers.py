@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import attention
+from transformer_jax import numerics
 from transformer_jax import sharding
 
 Array = jax.Array
@@ -118,24 +119,24 @@ class FeedForward(nn.Module):
   def __call__(self, x: Array) -> Array:
     d_model = x.shape[-1]
     param = lambda name, init, shape, axes: self.param(name, nn.with_logical_partitioning(init, axes), shape)
-    w1 = param('w1', attention.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
+    w1 = param('w1', numerics.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
     gated = self.kind in ('swiglu', 'geglu')
     if gated:
-      v = param('v', attention.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
+      v = param('v', numerics.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
     else:
       b1 = param('b1', nn.initializers.zeros, (self.d_ff,), (sharding.MLP,))
-    w2 = param('w2', attention.default_kernel_init(), (self.d_ff, d_model), (sharding.MLP, sharding.EMBED))
+    w2 = param('w2', numerics.default_kernel_init(), (self.d_ff, d_model), (sharding.MLP, sharding.EMBED))
     # Biases are added to the float32 accumulator, so their gradients are float32 sums over the tokens: a
     # bf16 sum is less precise (b2's gradient 1.0% off float32 over 2,048 tokens, 0.11% now) and XLA:CPU
     # ran it as a reduce-window ~50x slower than a float32 reduction (17 ms per b1 at SMALL shapes).
-    hidden = attention.einsum('blm,mf->blf', x, w1.astype(self.dtype), jnp.float32)  # [batch, length, d_ff]
+    hidden = numerics.einsum('blm,mf->blf', x, w1.astype(self.dtype), jnp.float32)  # [batch, length, d_ff]
     activation = {'relu': nn.relu, 'gelu': nn.gelu, 'swiglu': nn.swish, 'geglu': nn.gelu}[self.kind]
     if gated:
-      hidden = activation(hidden) * attention.einsum('blm,mf->blf', x, v.astype(self.dtype), jnp.float32)
+      hidden = activation(hidden) * numerics.einsum('blm,mf->blf', x, v.astype(self.dtype), jnp.float32)
     else:
       hidden = activation(hidden + b1[None, None, :])
     hidden = nn.with_logical_constraint(hidden.astype(self.dtype), (sharding.BATCH, sharding.LENGTH, sharding.MLP))
-    output = attention.einsum('blf,fm->blm', hidden, w2.astype(self.dtype), jnp.float32)
+    output = numerics.einsum('blf,fm->blm', hidden, w2.astype(self.dtype), jnp.float32)
     if not gated:
       b2 = param('b2', nn.initializers.zeros, (d_model,), (sharding.EMBED,))
       output = output + b2[None, None, :]
@@ -155,7 +156,7 @@ class Residual(nn.Module):
   @nn.compact
   def __call__(self, x: Array, sublayer, *, deterministic: bool) -> Array:
     norm = make_norm(self.norm, self.dtype, 'layer_norm')
-    dropout = attention.Dropout(self.dropout_rate)
+    dropout = numerics.Dropout(self.dropout_rate)
     if self.layer_norm_position == 'pre':
       return x + dropout(sublayer(norm(x)), deterministic)
     return norm(x + dropout(sublayer(x), deterministic))
@@ -176,6 +177,7 @@ class _Layer(nn.Module):
   feed_forward: str = 'relu'
   num_kv_heads: int | None = None
   rope: bool = False  # Rotary positions in self-attention (position_embedding='rope').
+  attention_product_dtype: Any = None  # Of the attention products and decoding cache; None: dtype.
 
   def make_residual(self, name: str) -> Residual:
     return Residual(self.layer_norm_position, self.dropout_rate, self.dtype, self.norm, name=name)
@@ -186,7 +188,8 @@ class _Layer(nn.Module):
     return attention.MultiHeadAttention(
         self.num_heads, self.d_k, self.d_v, self.attention_dropout_rate, cross_attention=cross_attention,
         dtype=self.dtype, attention_impl=self.attention_impl, num_kv_heads=self.num_kv_heads,
-        position_transform=apply_rope if self.rope and not cross_attention else None, name=name)
+        position_transform=apply_rope if self.rope and not cross_attention else None,
+        product_dtype=self.attention_product_dtype, name=name)
 
   def make_feed_forward(self) -> FeedForward:
     return FeedForward(self.d_ff, self.dtype, self.feed_forward, name='feed_forward')
@@ -213,14 +216,14 @@ class DecoderLayer(_Layer):
 
   @nn.compact
   def __call__(self, x: Array, memory: Array, self_mask: Array | None, memory_mask: Array,
-               deterministic: bool, decode: bool = False, positions: Array | None = None) -> Array:
+               deterministic: bool, use_cache: bool = False, positions: Array | None = None) -> Array:
     """Args:
       x: [batch, tgt_len, d_model] (tgt_len 1 per step when decoding).
       memory: encoder output [batch, src_len, d_model].
       self_mask: bool [batch, 1, tgt_len, tgt_len] (causal and padding); unused when decoding.
       memory_mask: bool [batch, 1, tgt_len or 1, src_len].
       deterministic: disables dropout.
-      decode: incremental decoding through the 'cache' collection.
+      use_cache: incremental decoding through the 'cache' collection.
       positions: int [batch, tgt_len] target positions (the step's index when decoding), or None for
         0..tgt_len-1; read by rotary positions only.
 
@@ -231,10 +234,11 @@ class DecoderLayer(_Layer):
     self_attend = self.make_attention('self_attention')
     cross_attend = self.make_attention('encoder_decoder_attention', cross_attention=True)
     x = residual('self_attention_residual')(
-        x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic, decode=decode, positions=positions),
+        x, lambda y: self_attend(y, y, self_mask, deterministic=deterministic, use_cache=use_cache,
+                                 positions=positions),
         deterministic=deterministic)
     x = residual('encoder_decoder_attention_residual')(
-        x, lambda y: cross_attend(y, memory, memory_mask, deterministic=deterministic, decode=decode),
+        x, lambda y: cross_attend(y, memory, memory_mask, deterministic=deterministic, use_cache=use_cache),
         deterministic=deterministic)
     x = residual('feed_forward_residual')(x, self.make_feed_forward(), deterministic=deterministic)
     return nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))

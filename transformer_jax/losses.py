@@ -40,3 +40,8 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
       'correct_sum': jnp.sum(correct * weights),
       'token_count': jnp.sum(weights),
   }
+
+
+def target_weights(batch: dict[str, jax.Array]) -> jax.Array:
+  """float32 [batch, tgt_len]: 1 on real target tokens (including EOS), 0 on padding (id 0)."""
+  return (batch['target_tokens'] != 0).astype(jnp.float32)

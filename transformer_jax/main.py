@@ -58,13 +58,14 @@ def main(argv):
   sharding.initialize_distributed(flags.FLAGS.multihost)  # Before any call that starts a JAX backend.
   logging.info('JAX process %d/%d, %d local devices: %s', jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.devices())
+  from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top
   from transformer_jax import train  # pylint: disable=g-import-not-at-top
   if mode == 'train':
     train.train_and_evaluate(config, workdir)
   elif mode == 'evaluate':
-    train.evaluate_checkpoint(config, workdir)
+    evaluate.evaluate_checkpoint(config, workdir)
   elif mode == 'translate':
-    train.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
+    evaluate.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
   elif mode == 'compile':
     from transformer_jax import aot  # pylint: disable=g-import-not-at-top
     aot.compile_only(config, workdir)

@@ -3,6 +3,7 @@
 Token id 0 is padding (tokenizer.PAD_ID); unpacked batches derive their segment ids from it.
 """
 import dataclasses
+import inspect
 import typing
 from typing import Any, Literal, Mapping
 
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import attention
+from transformer_jax import numerics
 from transformer_jax import layers
 from transformer_jax import sharding
 
@@ -21,6 +23,7 @@ Norm = Literal['layer_norm', 'rms_norm']
 FeedForwardKind = Literal['relu', 'gelu', 'swiglu', 'geglu']
 Dtype = Literal['float32', 'bfloat16']
 AttentionImpl = Literal['xla', 'fused']
+AttentionProductDtype = Literal['compute', 'float32']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,9 @@ class ModelConfig:
   norm: Norm = 'layer_norm'
   feed_forward: FeedForwardKind = 'relu'
   num_kv_heads: int | None = None  # Heads of W^K and W^V; None: num_heads (the paper's multi-head attention).
+  # The dtype Q K^T and weights x V multiply in, and the decoding cache's: 'compute' (= dtype, what
+  # accelerators run) or 'float32' (XLA:CPU multiplies batched bf16 products slowly: the CPU configs set it).
+  attention_product_dtype: AttentionProductDtype = 'compute'
 
   def __post_init__(self):
     for name in ('vocab_size', 'num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'max_length'):
@@ -86,8 +92,14 @@ class ModelConfig:
     return self.num_kv_heads or self.num_heads
 
   @property
-  def compute_dtype(self):
+  def compute_dtype(self) -> jnp.dtype:
+    """The dtype of activations and matrix products (`dtype`); parameters stay float32."""
     return jnp.dtype(self.dtype)
+
+  @property
+  def product_dtype(self) -> jnp.dtype:
+    """The dtype of the attention products and the decoding cache (`attention_product_dtype`)."""
+    return self.compute_dtype if self.attention_product_dtype == 'compute' else jnp.dtype(jnp.float32)
 
 
 def segment_ids_from_tokens(tokens: Array) -> Array:
@@ -137,7 +149,7 @@ class Embedder(nn.Module):
       x = x * jnp.sqrt(self.cfg.d_model).astype(x.dtype)
     x = layers.PositionEmbedding(self.cfg.position_embedding, self.cfg.max_length, name='position')(
         x, positions)
-    return attention.Dropout(self.cfg.dropout_rate)(x, deterministic)
+    return numerics.Dropout(self.cfg.dropout_rate)(x, deterministic)
 
 
 def _layer_kwargs(cfg: ModelConfig) -> dict[str, Any]:
@@ -145,7 +157,15 @@ def _layer_kwargs(cfg: ModelConfig) -> dict[str, Any]:
               dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
               layer_norm_position=cfg.layer_norm_position, dtype=cfg.compute_dtype,
               attention_impl=cfg.attention_impl, norm=cfg.norm, feed_forward=cfg.feed_forward,
-              num_kv_heads=cfg.num_kv_heads, rope=cfg.position_embedding == 'rope')
+              num_kv_heads=cfg.num_kv_heads, rope=cfg.position_embedding == 'rope',
+              attention_product_dtype=cfg.product_dtype)
+
+
+def _remat(layer_cls: type[nn.Module], static: tuple[str, ...]) -> type[nn.Module]:
+  """nn.remat of a layer class, its Python-valued call arguments named (their positions are looked up, so a
+  changed signature cannot silently make a bool traced)."""
+  names = list(inspect.signature(layer_cls.__call__).parameters)  # names[0] is self, which remat counts.
+  return nn.remat(layer_cls, static_argnums=tuple(names.index(name) for name in static))
 
 
 def _final_norm(cfg: ModelConfig, x: Array) -> Array:
@@ -166,7 +186,7 @@ class Encoder(nn.Module):
     """source_tokens, source_segment_ids: int [batch, src_len] -> memory [batch, src_len, d_model]."""
     x = Embedder(self.cfg, self.embedding, name='embedder')(source_tokens, source_positions, deterministic)
     mask = attention.padding_mask(source_segment_ids, source_segment_ids)
-    layer_cls = nn.remat(layers.EncoderLayer, static_argnums=(3,)) if self.cfg.remat else layers.EncoderLayer
+    layer_cls = _remat(layers.EncoderLayer, ('deterministic',)) if self.cfg.remat else layers.EncoderLayer
     for i in range(self.cfg.num_layers):
       x = layer_cls(**_layer_kwargs(self.cfg), name=f'layer_{i}')(x, mask, deterministic, source_positions)
     return _final_norm(self.cfg, x)
@@ -180,37 +200,37 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, decoder_input_tokens: Array, memory: Array, source_segment_ids: Array,
                target_segment_ids: Array | None, target_positions: Array | None,
-               deterministic: bool, decode: bool) -> Array:
+               deterministic: bool, use_cache: bool) -> Array:
     """Returns the last layer's output [batch, tgt_len, d_model]; see `Transformer.decode`."""
     cfg = self.cfg
     if target_segment_ids is None:
       target_segment_ids = segment_ids_from_tokens(decoder_input_tokens)
     self_mask = attention.padding_mask(target_segment_ids, target_segment_ids) & attention.causal_mask(
         decoder_input_tokens.shape[1])
-    if decode:
+    if use_cache:
       cache_exists = self.has_variable('cache', 'position')
       position = self.variable('cache', 'position', lambda: jnp.array(0, dtype=jnp.int32))
       if cache_exists:
         target_positions = jnp.full(decoder_input_tokens.shape, position.value, dtype=jnp.int32)
         position.value = position.value + 1
         target_segment_ids = jnp.ones_like(decoder_input_tokens, dtype=jnp.int32)
-    if decode:  # Unpacked sentences; the beams of a sentence share its memory row (see MultiHeadAttention).
+    if use_cache:  # Unpacked sentences; the beams of a sentence share its memory row (see MultiHeadAttention).
       memory_mask = (source_segment_ids != 0)[:, None, None, :]  # [memory rows, 1, 1, src_len]
     else:
       memory_mask = attention.padding_mask(target_segment_ids, source_segment_ids)
     x = Embedder(cfg, self.embedding, name='embedder')(decoder_input_tokens, target_positions, deterministic)
-    remat = cfg.remat and not decode
-    layer_cls = nn.remat(layers.DecoderLayer, static_argnums=(5, 6)) if remat else layers.DecoderLayer
+    remat = cfg.remat and not use_cache
+    layer_cls = _remat(layers.DecoderLayer, ('deterministic', 'use_cache')) if remat else layers.DecoderLayer
     for i in range(cfg.num_layers):
       x = layer_cls(**_layer_kwargs(cfg), name=f'layer_{i}')(
-          x, memory, self_mask, memory_mask, deterministic, decode, target_positions)
+          x, memory, self_mask, memory_mask, deterministic, use_cache, target_positions)
     return _final_norm(cfg, x)
 
 
 class Transformer(nn.Module):
   """Encoder-decoder Transformer (§3, Figure 1).
 
-  Call-time modes: `deterministic=False` trains with dropout (needs a 'dropout' rng); `decode=True` runs
+  Call-time modes: `deterministic=False` trains with dropout (needs a 'dropout' rng); `use_cache=True` runs
   one target position per call against the 'cache' collection built by `init_cache`.
   """
   cfg: ModelConfig
@@ -243,25 +263,25 @@ class Transformer(nn.Module):
 
   def decode(self, decoder_input_tokens: Array, memory: Array, source_segment_ids: Array,
              target_segment_ids: Array | None = None, target_positions: Array | None = None, *,
-             deterministic: bool = True, decode: bool = False) -> Array:
+             deterministic: bool = True, use_cache: bool = False) -> Array:
     """Decoder stack and the pre-softmax projection tied to the embedding (§3.4).
 
     Args:
       decoder_input_tokens: int32 [batch, tgt_len]: BOS then the target shifted right; [batch, 1] per
-        step when decode=True, where batch is sentences x beam_size of `init_cache`.
-      memory: encoder output [batch, src_len, d_model]; with decode=True, one row per sentence.
+        step when use_cache=True, where batch is sentences x beam_size of `init_cache`.
+      memory: encoder output [batch, src_len, d_model]; with use_cache=True, one row per sentence.
       source_segment_ids: int32 [batch, src_len] (0 = padding).
       target_segment_ids, target_positions: int32 [batch, tgt_len] for packed rows, else None.
       deterministic: disables dropout.
-      decode: incremental decoding through the 'cache' collection (mutable).
+      use_cache: incremental decoding through the 'cache' collection (mutable).
 
     Returns:
       logits: float32 [batch, tgt_len, vocab_size].
     """
     x = self.decoder(decoder_input_tokens, memory, source_segment_ids, target_segment_ids,
-                     target_positions, deterministic, decode)
+                     target_positions, deterministic, use_cache)
     embedding = self.embedding.embedding.astype(x.dtype)  # [vocab, d_model]
-    logits = attention.einsum('btm,vm->btv', x, embedding, jnp.float32)
+    logits = numerics.einsum('blm,nm->bln', x, embedding, jnp.float32)
     return nn.with_logical_constraint(logits, (sharding.BATCH, sharding.LENGTH, sharding.VOCAB))
 
   def init_cache(self, memory: Array, source_segment_ids: Array, max_decode_length: int,
@@ -280,7 +300,7 @@ class Transformer(nn.Module):
       beam_size: hypotheses per sentence; decode then takes [batch * beam_size, 1] tokens per step.
     """
     rows = memory.shape[0] * beam_size
-    self.decode(jnp.zeros((rows, max_decode_length), jnp.int32), memory, source_segment_ids, decode=True)
+    self.decode(jnp.zeros((rows, max_decode_length), jnp.int32), memory, source_segment_ids, use_cache=True)
 
   def __call__(self, source_tokens: Array, decoder_input_tokens: Array,
                source_segment_ids: Array | None = None, target_segment_ids: Array | None = None,
