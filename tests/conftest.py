@@ -6,7 +6,10 @@ os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # pylint: disable=g-import-not-at-top
+from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
+
+import tiny_runs  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 jax.config.update('jax_numpy_rank_promotion', 'raise')
 
@@ -20,3 +23,47 @@ def multi30k_dir() -> pathlib.Path:
   if not (path / 'train.en.gz').exists():
     pytest.skip(f'Multi30k corpus not found at {path} (set MULTI30K_DIR to the folder with train.en.gz)')
   return path
+
+
+@pytest.fixture(scope='session')
+def compilation_cache_dir(tmp_path_factory) -> pathlib.Path:
+  """One XLA compilation cache folder for the session (in-process runs and `main` subprocesses)."""
+  path = tmp_path_factory.getbasetemp() / 'jax_compilation_cache'
+  path.mkdir(exist_ok=True)
+  return path
+
+
+@pytest.fixture(scope='module')
+def persistent_compilation_cache(compilation_cache_dir):
+  """Compiled steps are stored on disk and reused by the next run of the same shapes (in or out of process).
+
+  Used by the modules that train tiny runs (`pytestmark = pytest.mark.usefixtures(...)`), not by every test.
+  """
+  names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
+           'jax_persistent_cache_min_entry_size_bytes')
+  previous = {name: getattr(jax.config, name) for name in names}
+  for name, value in zip(names, (str(compilation_cache_dir), 0.0, 0)):
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+  yield
+  for name, value in previous.items():
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope='session')
+def corpus(tmp_path_factory) -> dict[str, str]:
+  """The synthetic corpus (tiny_runs.write_corpus): data.*_files values by config key."""
+  return tiny_runs.write_corpus(tmp_path_factory.getbasetemp() / 'corpus')  # The same files for every instance.
+
+
+@pytest.fixture(scope='module')
+def reference_run(tmp_path_factory, corpus, persistent_compilation_cache) -> tiny_runs.Run:
+  """An uninterrupted run of NUM_STEPS steps, its batches and its TensorBoard scalars. Do not modify its workdir."""
+  del persistent_compilation_cache  # Requested so that the cache is active when this run compiles.
+  workdir = tmp_path_factory.mktemp('reference')
+  with pytest.MonkeyPatch.context() as monkeypatch:
+    batches = tiny_runs.record_batches(monkeypatch)
+    from transformer_jax import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+    results = train.train_and_evaluate(tiny_runs.text_config(corpus), str(workdir))
+  return tiny_runs.Run(workdir, results, batches, tiny_runs.read_events(workdir))

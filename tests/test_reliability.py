@@ -1,6 +1,6 @@
 """What a training run does when things go wrong: signals, kill -9, damaged checkpoints, NaN, bad configs and inputs.
 
-Every test runs configs/tiny.py on the synthetic corpus of test_train.py, checks what the workdir holds
+Every test runs configs/tiny.py on the synthetic corpus of tiny_runs.py, checks what the workdir holds
 afterwards and, where a run is resumed, that its batches and metrics equal those of an uninterrupted run.
 """
 import logging
@@ -21,29 +21,27 @@ import pytest
 from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax import train
+from transformer_jax import workdir as workdir_lib
 
-from test_train import assert_same_batches  # pylint: disable=g-bad-import-order
-from test_train import checkpoint_steps
-from test_train import compared
-from test_train import compilation_cache_dir  # pylint: disable=unused-import  (fixture)
-from test_train import config_flags
-from test_train import corpus  # pylint: disable=unused-import  (fixture)
-from test_train import main_command
-from test_train import NUM_STEPS
-from test_train import persistent_compilation_cache  # pylint: disable=unused-import  (fixture)
-from test_train import read_events
-from test_train import record_batches
-from test_train import reference_run  # pylint: disable=unused-import  (fixture)
-from test_train import REPO_ROOT
-from test_train import SPLITS
-from test_train import subprocess_env
-from test_train import synthetic_pairs
-from test_train import text_config
-from test_train import VOCAB_SIZE
-from test_train import write_corpus
-from test_train import write_lines
+from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
+from tiny_runs import checkpoint_steps
+from tiny_runs import compared
+from tiny_runs import config_flags
+from tiny_runs import main_command
+from tiny_runs import NUM_STEPS
+from tiny_runs import read_events
+from tiny_runs import record_batches
+from tiny_runs import REPO_ROOT
+from tiny_runs import SPLITS
+from tiny_runs import subprocess_env
+from tiny_runs import synthetic_pairs
+from tiny_runs import text_config
+from tiny_runs import VOCAB_SIZE
+from tiny_runs import write_corpus
+from tiny_runs import write_lines
 
 pytestmark = [
+    pytest.mark.usefixtures('persistent_compilation_cache'),
     # When a restore fails, tensorstore callbacks can reach orbax's already-closed asyncio loop.
     pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning'),
     pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarning'),  # ml_collections loading a config.
@@ -170,6 +168,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_restored(mo
                                                                            reference_run, caplog):
   workdir = tmp_path / 'run'
   shutil.copytree(reference_run.workdir, workdir)  # Checkpoints 4 and 6.
+  (workdir / 'final_metrics.json').unlink()  # Not yet evaluated: a finished run would be left alone.
   data_files = [p for p in (workdir / 'checkpoints' / '6' / 'state' / 'd').iterdir() if p.is_file()]
   assert data_files
   for path in data_files:  # Truncated, as by a crash of the file system after orbax committed the step.
@@ -259,6 +258,52 @@ def test_incompatible_workdir_fails_before_anything_is_written(tmp_path, corpus,
                                        rf'{section}\.{key}={value}'):
     train.train_and_evaluate(config, str(workdir))
   assert snapshot(workdir) == before  # In particular, no spm_512.model.
+
+
+def test_rerunning_a_finished_run_changes_nothing(tmp_path, corpus, reference_run, caplog):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  before = snapshot(workdir)
+  with caplog.at_level(logging.WARNING):
+    results = train.train_and_evaluate(text_config(corpus), str(workdir))
+  # final_metrics.json's figures (with the checkpoints and sizes it also records), not a new evaluation.
+  assert {key: results[key] for key in reference_run.results} == pytest.approx(reference_run.results)
+  assert re.search(rf'The run in {re.escape(str(workdir))} is finished \(step {NUM_STEPS} of {NUM_STEPS}',
+                   messages(caplog, logging.WARNING))
+  assert snapshot(workdir) == before  # No second translation, no TensorBoard points, no new checkpoint.
+
+
+def test_evaluate_and_translate_start_from_the_runs_config(tmp_path, corpus, reference_run):
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  for mode in ('evaluate', 'translate'):
+    with pytest.raises(FileNotFoundError, match=rf'--mode={mode}: {re.escape(str(empty))}/config.json does not '
+                                                 'exist'):
+      experiment.config_for_mode(text_config(corpus), str(empty), mode)
+  assert not list(empty.iterdir())
+  config = text_config(corpus)
+  config.decode.beam_size, config.train.warmup_steps = 7, 999
+  resolved = experiment.config_for_mode(config, str(reference_run.workdir), 'evaluate')
+  assert resolved.decode.beam_size == 7  # Decoding fields come from the command line,
+  assert resolved.train.warmup_steps == workdir_lib.load_config(reference_run.workdir).train.warmup_steps  # training's not.
+  config.model.d_model = 64
+  with pytest.raises(ValueError, match=r'--mode=translate: model.d_model=64 differs from the run in .*'
+                                       r'\(model.d_model=32 in .*config.json\); only decoding and evaluation'):
+    experiment.config_for_mode(config, str(reference_run.workdir), 'translate')
+
+
+def test_translate_on_an_empty_workdir_fails_before_writing(tmp_path, corpus, compilation_cache_dir):
+  workdir = tmp_path / 'typo'
+  process = subprocess.run(main_command(workdir, ['--mode=translate']), cwd=REPO_ROOT, input='a man\n',
+                           env=subprocess_env(compilation_cache_dir), capture_output=True, text=True, timeout=300,
+                           check=False)
+  assert process.returncode != 0 and '--config is required' in process.stderr, process.stderr[-3000:]
+  process = subprocess.run(main_command(workdir, ['--mode=translate', *config_flags(corpus)]), cwd=REPO_ROOT,
+                           input='a man\n', env=subprocess_env(compilation_cache_dir), capture_output=True,
+                           text=True, timeout=300, check=False)
+  assert process.returncode != 0, process.stderr[-3000:]
+  assert f'{workdir}/config.json does not exist' in process.stderr, process.stderr[-3000:]
+  assert not workdir.exists()  # No vocabulary trained, no checkpoints/ created.
 
 
 def test_workdir_below_a_regular_file_fails_before_training(tmp_path, corpus):

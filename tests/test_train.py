@@ -3,194 +3,44 @@
 End-to-end runs use configs/tiny.py on a synthetic word-for-word "translation" corpus written to a temporary
 folder (dataset='text'), so they need neither the network nor the real corpus; one test trains on the real
 Multi30k corpus through TFDS. They share a persistent XLA compilation cache: the first run compiles the steps,
-the others load them from disk. Helpers and fixtures here are also used by test_reliability.py.
+the others load them from disk. The corpus, runs and fixtures are shared with test_reliability.py
+(tiny_runs.py, conftest.py).
 """
-import dataclasses
 import functools
 import json
 import logging
-import os
-import pathlib
 import re
 import subprocess
-import sys
 
 import flax.linen as nn
 import jax
-from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from transformer_jax import evaluate
 from transformer_jax import experiment
-from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import train
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-  sys.path.insert(0, str(REPO_ROOT))  # Configs do `from configs import base`, as when run from the root.
-from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
+from tiny_runs import checkpoint_steps
+from tiny_runs import compared
+from tiny_runs import config_flags
+from tiny_runs import main_command
+from tiny_runs import read_events
+from tiny_runs import record_batches
+from tiny_runs import REPO_ROOT
+from tiny_runs import tiny
+from tiny_runs import SPLITS
+from tiny_runs import subprocess_env
+from tiny_runs import text_config
+from tiny_runs import VOCAB_SIZE
 
-VOCAB_SIZE = 384  # Byte fallback, specials and the corpus's characters take 286; 384 keeps sentences < 20 pieces.
-NUM_STEPS = 6     # Checkpoints (every 2 steps, 2 kept) end at steps 4 and 6.
-EN = 'a man woman dog cat red big small runs sits on the street grass ball with plays child blue house'.split()
-DE = 'ein mann frau hund katze rot gross klein rennt sitzt auf der strasse gras ball mit spielt kind blau haus'.split()
-SPLITS = {'train': 200, 'val': 16, 'test': 12}  # Pairs per split.
-COMPARED_TAGS = re.compile(r'^(train/(loss|nll|accuracy|perplexity|learning_rate|skipped_steps)|eval.*|test/.*)$')
-
-
-def synthetic_pairs(num_pairs: int, seed: int) -> list[tuple[str, str]]:
-  """Sentences of 3 to 9 words and their word-for-word German translation."""
-  rng = np.random.default_rng(seed)
-  pairs = []
-  for _ in range(num_pairs):
-    words = rng.integers(0, len(EN), size=rng.integers(3, 10))
-    pairs.append((' '.join(EN[w] for w in words), ' '.join(DE[w] for w in words)))
-  return pairs
-
-
-def write_lines(path: pathlib.Path, lines) -> str:
-  path.write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
-  return str(path)
-
-
-def write_corpus(folder: pathlib.Path) -> dict[str, str]:
-  """Writes {split}.en / {split}.de; returns the data.*_files values ('SOURCE,TARGET') by config key."""
-  folder.mkdir(parents=True, exist_ok=True)
-  files = {}
-  for seed, (split, num_pairs) in enumerate(SPLITS.items()):
-    pairs = synthetic_pairs(num_pairs, seed)
-    files[split] = ','.join(write_lines(folder / f'{split}.{lang}', [p[i] for p in pairs])
-                            for i, lang in enumerate(('en', 'de')))
-  return {'train_files': files['train'], 'eval_files': files['val'], 'test_files': files['test']}
-
-
-def text_config(corpus: dict[str, str], **train_overrides):
-  """configs/tiny.py on the synthetic corpus: one batch shape [8, 32], NUM_STEPS steps, no decoding."""
-  config = tiny.get_config()
-  config.data.update(dataset='text', vocab_size=VOCAB_SIZE, max_length=32, bucket_lengths=(32,), **corpus)
-  config.train.update(num_train_steps=NUM_STEPS, translate_at_end=False)
-  config.train.update(**train_overrides)
-  return config
-
-
-def config_flags(corpus: dict[str, str], **train_overrides) -> list[str]:
-  """The same as `text_config`, as command-line flags for main."""
-  values = {'data.dataset': 'text', 'data.vocab_size': VOCAB_SIZE, 'data.max_length': 32,
-            'data.bucket_lengths': '(32,)', 'train.num_train_steps': NUM_STEPS, 'train.translate_at_end': False,
-            **{f'data.{key}': value for key, value in corpus.items()},
-            **{f'train.{key}': value for key, value in train_overrides.items()}}
-  return [f'--config={REPO_ROOT / "configs" / "tiny.py"}'] + [f'--config.{k}={v}' for k, v in values.items()]
-
-
-def read_events(workdir) -> dict[str, dict[int, float]]:
-  """Scalars of every TensorBoard event file in workdir, {tag: {step: value}}; later files win."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  scalars = {}
-  for path in sorted(pathlib.Path(workdir).glob('events.out.tfevents.*'), key=os.path.getmtime):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
-      for value in event.summary.value:
-        scalars.setdefault(value.tag, {})[event.step] = value.simple_value
-  return scalars
-
-
-def compared(events: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
-  """The scalars that must repeat exactly across runs (not the timings)."""
-  return {tag: values for tag, values in events.items() if COMPARED_TAGS.match(tag)}
-
-
-def checkpoint_steps(workdir) -> list[int]:
-  folder = pathlib.Path(workdir) / 'checkpoints'
-  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
-
-
-_TRAIN_ITERATOR_NEXT = input_pipeline.TrainIterator.__next__  # Unpatched, whatever a test did before.
-
-
-def record_batches(monkeypatch, on_batch=None) -> list[dict[str, np.ndarray]]:
-  """Makes TrainIterator record the batches it yields; on_batch(index, batch) may raise or alter them."""
-  batches = []
-
-  def recording_next(iterator):
-    batch = _TRAIN_ITERATOR_NEXT(iterator)
-    if on_batch is not None:
-      batch = on_batch(len(batches) + 1, batch)
-    batches.append({k: v.copy() for k, v in batch.items()})
-    return batch
-
-  monkeypatch.setattr(input_pipeline.TrainIterator, '__next__', recording_next)
-  return batches
-
-
-def assert_same_batches(actual, expected):
-  assert len(actual) == len(expected)
-  for a, e in zip(actual, expected):
-    assert a.keys() == e.keys()
-    for key in a:
-      np.testing.assert_array_equal(a[key], e[key], err_msg=key)
-
-
-def subprocess_env(cache_dir) -> dict[str, str]:
-  """The test process's device setup, plus the shared compilation cache, for `python -m transformer_jax.main`."""
-  return {**os.environ, 'JAX_COMPILATION_CACHE_DIR': str(cache_dir),
-          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0', 'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
-          'JAX_NUMPY_RANK_PROMOTION': 'raise'}
-
-
-def main_command(workdir, flags) -> list[str]:
-  return [sys.executable, '-m', 'transformer_jax.main', f'--workdir={workdir}', '--logtostderr', *flags]
-
-
-@dataclasses.dataclass
-class Run:
-  workdir: pathlib.Path
-  results: dict[str, float]
-  batches: list[dict[str, np.ndarray]]
-  events: dict[str, dict[int, float]]
-
-
-# Session fixtures imported by test_reliability.py get a second instance there: fixed paths keep one copy.
-@pytest.fixture(scope='session')
-def compilation_cache_dir(tmp_path_factory) -> pathlib.Path:
-  path = tmp_path_factory.getbasetemp() / 'jax_compilation_cache'
-  path.mkdir(exist_ok=True)
-  return path
-
-
-@pytest.fixture(scope='module', autouse=True)
-def persistent_compilation_cache(compilation_cache_dir):
-  """Compiled steps are stored on disk and reused by the next run of the same shapes (in or out of process)."""
-  names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
-           'jax_persistent_cache_min_entry_size_bytes')
-  previous = {name: getattr(jax.config, name) for name in names}
-  for name, value in zip(names, (str(compilation_cache_dir), 0.0, 0)):
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
-  yield
-  for name, value in previous.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
-
-
-@pytest.fixture(scope='session')
-def corpus(tmp_path_factory) -> dict[str, str]:
-  return write_corpus(tmp_path_factory.getbasetemp() / 'corpus')  # The same files for every instance.
-
-
-@pytest.fixture(scope='module')
-def reference_run(tmp_path_factory, corpus, persistent_compilation_cache) -> Run:
-  """An uninterrupted run of NUM_STEPS steps, its batches and its TensorBoard scalars. Do not modify its workdir."""
-  del persistent_compilation_cache  # Requested so that the cache is active when this run compiles.
-  workdir = tmp_path_factory.mktemp('reference')
-  with pytest.MonkeyPatch.context() as monkeypatch:
-    batches = record_batches(monkeypatch)
-    results = train.train_and_evaluate(text_config(corpus), str(workdir))
-  return Run(workdir, results, batches, read_events(workdir))
+pytestmark = pytest.mark.usefixtures('persistent_compilation_cache')
 
 
 def tiny_model_config(**overrides) -> model_lib.ModelConfig:
@@ -269,12 +119,17 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   assert traces == [(8, 32), (16, 16)]  # One trace (and compilation) per batch shape.
 
 
+def run_main(workdir, flags, cache_dir, stdin=None) -> subprocess.CompletedProcess:
+  process = subprocess.run(main_command(workdir, flags), cwd=REPO_ROOT, env=subprocess_env(cache_dir),
+                           capture_output=True, text=True, timeout=900, check=False, input=stdin)
+  assert process.returncode == 0, process.stderr[-5000:]
+  return process
+
+
 def test_main_end_to_end_on_text_files(tmp_path, corpus, compilation_cache_dir):
   workdir = tmp_path / 'run'
   flags = config_flags(corpus, num_train_steps=4, translate_at_end=True)
-  process = subprocess.run(main_command(workdir, flags), cwd=REPO_ROOT, env=subprocess_env(compilation_cache_dir),
-                           capture_output=True, text=True, timeout=900, check=False)
-  assert process.returncode == 0, process.stderr[-5000:]
+  process = run_main(workdir, flags, compilation_cache_dir)
   assert re.search(r'^bleu: \d+\.\d\d  \(nrefs:1\|case:mixed\|.*averaged steps \[2, 4\]\)$', process.stdout,
                    re.MULTILINE), process.stdout
   assert re.search(r'^tokenized_bleu: \d+\.\d\d ', process.stdout, re.MULTILINE), process.stdout
@@ -287,6 +142,18 @@ def test_main_end_to_end_on_text_files(tmp_path, corpus, compilation_cache_dir):
   assert sorted(events['eval/loss']) == [2, 4]
   assert list(events['test/bleu']) == [4] and list(events['eval_averaged/loss']) == [4]
   assert 'Resumed' not in process.stderr
+
+  # --mode=evaluate decodes the same averaged checkpoints again: the same BLEU line.
+  evaluated = run_main(workdir, flags + ['--mode=evaluate'], compilation_cache_dir)
+  bleu_line = lambda out: re.search(r'^bleu: .*$', out, re.MULTILINE)[0]
+  assert bleu_line(evaluated.stdout) == bleu_line(process.stdout)
+  # --mode=translate: one output line per input line, a blank line stays blank, the same text as the test split's.
+  test_source = corpus['test_files'].split(',')[0]
+  lines = open(test_source, encoding='utf-8').read().splitlines()[:2]
+  # No --config: the run's own config.json is the config.
+  translated = run_main(workdir, ['--mode=translate'], compilation_cache_dir,
+                        stdin=f'{lines[0]}\n\n{lines[1]}\n')
+  assert translated.stdout.split('\n') == [hypotheses.split('\n')[0], '', hypotheses.split('\n')[1], '']
 
 
 @pytest.mark.slow  # TFDS prepares Multi30k (29,000 pairs) into a temporary folder first: about a minute.
@@ -343,7 +210,7 @@ def test_validation_bleu_keeps_the_best_checkpoints_and_selection_uses_them(tmp_
     assert 0.0 <= scores['bleu'] <= 100.0 and scores['bleu_seconds'] > 0
     return scores | {'bleu': scripted[step]}
 
-  monkeypatch.setattr(train, 'validation_bleu', scripted_bleu)
+  monkeypatch.setattr(evaluate, 'validation_bleu', scripted_bleu)
   config = text_config(corpus, eval_bleu_every_steps=2, translate_at_end=True)
   config.eval.update(checkpoint_selection='best', average_best_n=2, bleu_beam_size=1)
   results = train.train_and_evaluate(config, str(tmp_path))

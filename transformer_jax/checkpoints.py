@@ -41,6 +41,14 @@ _DATA_STATE = 'data_state'
 _METADATA = 'metadata'
 
 
+def committed_steps(directory: str | os.PathLike[str]) -> list[int]:
+  """The committed checkpoint steps in `directory` (e.g. `<workdir>/checkpoints`), ascending; [] when it does not
+  exist. Reads only, and creates nothing (unlike opening a CheckpointManager)."""
+  if not epath.Path(directory).is_dir():
+    return []
+  return sorted(m.step for m in ocp.step.standard_name_format().find_all(epath.Path(directory)))
+
+
 class Restored(NamedTuple):
   """What `CheckpointManager.restore_latest` returns."""
   step: int         # The checkpoint's step (its directory name).

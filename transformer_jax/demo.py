@@ -53,6 +53,7 @@ def train_tiny_run(workdir: str | os.PathLike[str], corpus_dir: str | os.PathLik
 
 
 def main(argv) -> None:
+  """`python -m transformer_jax.demo`: trains the tiny run (see the module docstring)."""
   del argv
   train_tiny_run(flags.FLAGS.workdir, flags.FLAGS.corpus, flags.FLAGS.num_train_steps)
 

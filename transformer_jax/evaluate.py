@@ -44,7 +44,19 @@ def summarize_metrics(sums: dict[str, float]) -> dict[str, float]:
 
 
 def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
-  """Teacher-forced metrics over all batches, summed before dividing (padding rows weigh 0)."""
+  """Teacher-forced metrics over all batches, summed before dividing (padding rows weigh 0).
+
+  Args:
+    eval_step_fn: eval_fn(params, batch) -> metric sums (`jit_eval_step`).
+    params: the parameters.
+    batches: batches of global (or host-local, single-process) arrays; `example_index` is dropped.
+
+  Returns:
+    `summarize_metrics` of the summed metrics.
+
+  Raises:
+    ValueError: if there are no batches.
+  """
   totals = None
   for batch in batches:
     batch = {k: v for k, v in batch.items() if k != 'example_index'}
@@ -180,11 +192,11 @@ def load_params(setup: Setup):
 
 
 def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_split=None,
-                     eval_split=None, run_info=None) -> dict[str, float]:
+                     eval_split=None, run_info=None, output_dir: str | None = None) -> dict[str, float]:
   """Validation metrics and BLEU, and test BLEU, of the chosen checkpoints (`load_params`).
 
-  Hypotheses are written to `<workdir>/<split>.hyp.<target_lang>` and every figure to
-  `<workdir>/final_metrics.json` (process 0).
+  Hypotheses are written to `<output_dir>/<split>.hyp.<target_lang>` and every figure to
+  `<output_dir>/final_metrics.json` (process 0).
 
   Args:
     setup: the Setup.
@@ -196,6 +208,7 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
     run_info: figures of the training run to store in final_metrics.json beside the evaluation's
       (`train_wall_seconds`: this invocation's training loop, compilation and validation included;
       `train_steps`), or None.
+    output_dir: where the files go; None: the workdir (the training run's own final evaluation).
 
   Returns:
     Validation loss, nll, perplexity, accuracy; with train.translate_at_end also `validation_bleu`,
@@ -204,24 +217,25 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
   """
   params, steps = load_params(setup)
   data_cfg = setup.config.data
+  output_dir = output_dir or setup.workdir
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     results = validate(setup, eval_fn, params, eval_batches, steps[-1])
     write_scalars(writer, steps[-1], results, 'eval_averaged')
     if not setup.config.train.translate_at_end:
-      _write_final_metrics(setup, results, steps, params, run_info)
+      _write_final_metrics(setup, output_dir, results, steps, params, run_info)
       return results
     eval_split = eval_split or experiment.encode_split(setup, data_cfg.eval_split)
     hypotheses, scores, _ = translate_split(setup, params, eval_split)
     results |= {'validation_bleu': scores['bleu'],
                 'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu']}
-    _write_hypotheses(setup, data_cfg.eval_split, hypotheses)
+    _write_hypotheses(setup, output_dir, data_cfg.eval_split, hypotheses)
     test_split = test_split or experiment.encode_split(setup, data_cfg.test_split)
     hypotheses, scores, seconds = translate_split(setup, params, test_split)
-  path = _write_hypotheses(setup, data_cfg.test_split, hypotheses)
+  path = _write_hypotheses(setup, output_dir, data_cfg.test_split, hypotheses)
   results |= {key: scores[key] for key in _BLEUS}
   results['decode_sentences_per_sec'] = len(hypotheses) / seconds
   write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
-  _write_final_metrics(setup, results, steps, params, run_info)
+  _write_final_metrics(setup, output_dir, results, steps, params, run_info)
   logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(hypotheses), seconds,
                len(hypotheses) / seconds, path)
   _print_bleu(setup, results, scores['bleu_signature'], steps)
@@ -239,49 +253,69 @@ def _print_bleu(setup: Setup, results: dict[str, float], signature: str, steps: 
         'and -tokenised, multi-bleu: the Multi30k literature\'s BLEU)')
 
 
-def _write_hypotheses(setup: Setup, split: str, hypotheses: list[str]) -> epath.Path:
-  path = epath.Path(workdir_lib.path(setup.workdir, workdir_lib.hypotheses_file(split, setup.config.data.target_lang)))
+def _write_hypotheses(setup: Setup, output_dir: str, split: str, hypotheses: list[str]) -> epath.Path:
+  path = epath.Path(workdir_lib.path(output_dir, workdir_lib.hypotheses_file(split, setup.config.data.target_lang)))
   if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
   return path
 
 
-def _write_final_metrics(setup: Setup, results: dict[str, float], steps: list[int], params, run_info=None) -> None:
-  """`<workdir>/final_metrics.json`: the final evaluation's figures, the checkpoints they come from and the
+def _write_final_metrics(setup: Setup, output_dir: str, results: dict[str, float], steps: list[int], params,
+                         run_info=None) -> None:
+  """`<output_dir>/final_metrics.json`: the final evaluation's figures, the checkpoints they come from and the
   parameter count of `params` (what transformer_jax.report reads)."""
   if jax.process_index() == 0:
     num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     record = {key: float(value) for key, value in results.items()} | (run_info or {}) | {
         'checkpoint_steps': list(steps), 'checkpoint_selection': setup.config.eval.checkpoint_selection,
         'num_params': num_params}
-    epath.Path(workdir_lib.path(setup.workdir, workdir_lib.FINAL_METRICS)).write_text(
+    epath.Path(workdir_lib.path(output_dir, workdir_lib.FINAL_METRICS)).write_text(
         json.dumps(record, indent=2, sort_keys=True))
 
 
 def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
-  """--mode=evaluate: validation metrics and test BLEU of the latest (averaged) checkpoints."""
+  """--mode=evaluate: validation metrics and test BLEU of the checkpoints eval.checkpoint_selection chooses.
+
+  The outputs go to a new folder, `<workdir>/evaluations/<YYYYmmdd-HHMMSS>/` (hypotheses, final_metrics.json):
+  the training run's own final evaluation in the workdir is never overwritten.
+
+  Returns:
+    The figures of `final_evaluation`.
+
+  Raises:
+    FileNotFoundError, ValueError: from `experiment.setup` (a missing file, a config the run disagrees with).
+  """
   data_cfg = config.data
-  setup = experiment.setup(config, workdir, data_splits=(data_cfg.eval_split,) + ((data_cfg.test_split,)
-                                                                   if config.train.translate_at_end else ()))
+  setup = experiment.setup(config, workdir, data_splits=(data_cfg.eval_split,) + (
+      (data_cfg.test_split,) if config.train.translate_at_end else ()))
+  output_dir = workdir_lib.path(workdir, f'{workdir_lib.EVALUATIONS}/{time.strftime("%Y%m%d-%H%M%S")}')
   try:
     eval_split = experiment.encode_split(setup, data_cfg.eval_split)
     eval_fn = jit_eval_step(setup, jax.tree.map(lambda x: x.sharding, setup.abstract_state().params))
-    return final_evaluation(setup, eval_fn, experiment.make_eval_batches(setup, eval_split.source_ids, eval_split.target_ids),
-                            eval_split=eval_split)
+    batches = experiment.make_eval_batches(setup, eval_split.source_ids, eval_split.target_ids)
+    results = final_evaluation(setup, eval_fn, batches, eval_split=eval_split, output_dir=output_dir)
   finally:
     setup.close()
+  logging.info('--mode=evaluate wrote its hypotheses and figures to %s', output_dir)
+  return results
 
 
 def translate_file(config, workdir: str, input_path: str | None, output_path: str | None) -> None:
-  """--mode=translate: one output line per input line (a blank line stays blank), stdin/stdout by default."""
+  """--mode=translate: one output line per input line (a blank line stays blank), stdin/stdout by default.
+
+  Raises:
+    FileNotFoundError: for a missing input file (read before the model is loaded).
+    ValueError: from `experiment.setup`.
+  """
+  # Lines end at '\n' only: str.splitlines would also split at Unicode separators inside a sentence.
+  if input_path:
+    lines = multi30k.read_lines(input_path)
+  else:
+    lines = sys.stdin.read().split('\n')
+    lines = [line.removesuffix('\r') for line in (lines[:-1] if lines[-1] == '' else lines)]
   setup = experiment.setup(config, workdir)
   try:
-    # Lines end at '\n' only: str.splitlines would also split at Unicode separators inside a sentence.
-    if input_path:
-      lines = multi30k.read_lines(input_path)
-    else:
-      lines = sys.stdin.read().split('\n')
-      lines = [line.removesuffix('\r') for line in (lines[:-1] if lines[-1] == '' else lines)]
     params, _ = load_params(setup)
   finally:
     setup.close()

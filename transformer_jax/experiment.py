@@ -8,8 +8,10 @@ that `Setup.abstract_state` can describe a checkpoint without initialising one.
 import dataclasses
 import functools
 import math
+import time
 from typing import Any, NamedTuple
 
+from absl import logging
 from etils import epath
 import flax
 import flax.linen as nn
@@ -26,6 +28,7 @@ from transformer_jax import multi30k
 from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax import workdir as workdir_lib
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -252,6 +255,7 @@ class Setup:
 
   @property
   def data_shards(self) -> int:
+    """Devices a batch's rows are split over (mesh.data x mesh.fsdp): batch rows must divide by it."""
     return self.mesh.shape['data'] * self.mesh.shape['fsdp']
 
   def abstract_state(self):
@@ -315,7 +319,11 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
   # otherwise leave a second spm_<vocab_size>.model behind before failing.
   manager = open_checkpoints(config, workdir, model_cfg)
   try:
+    start, existed = time.perf_counter(), epath.Path(
+        workdir_lib.path(workdir, workdir_lib.vocabulary_file(model_cfg.vocab_size))).is_file()
     tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
+    logging.info('Vocabulary: %s, %d pieces, %s in %.1f s.', workdir_lib.vocabulary_file(model_cfg.vocab_size),
+                 tokenizer.vocab_size, 'loaded' if existed else 'trained', time.perf_counter() - start)
     if tokenizer.vocab_size != model_cfg.vocab_size:
       raise ValueError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
                        f'data.vocab_size={model_cfg.vocab_size}')
@@ -409,3 +417,81 @@ def make_eval_batches(s: Setup, source_ids, target_ids) -> list[dict[str, np.nda
       source_ids, target_ids, tokens_per_batch=data_cfg.tokens_per_batch, max_length=data_cfg.max_length,
       bucket_lengths=data_cfg.bucket_lengths, batch_size_multiple=s.data_shards,
       process_index=jax.process_index(), process_count=jax.process_count())
+
+
+# What --mode=evaluate and --mode=translate may change in a run's stored config: how to decode and evaluate,
+# where the input files are now, and the mesh. Anything else is the run's own.
+_EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'train.translate_at_end', 'data.eval_split',
+                      'data.test_split', 'data.manual_dir', 'data.tfds_data_dir', 'data.train_files',
+                      'data.eval_files', 'data.test_files', 'data.tokens_per_batch')
+
+
+def _leaves(config, prefix: str = '') -> dict[str, Any]:
+  leaves = {}
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      leaves |= _leaves(value, f'{prefix}{key}.')
+    else:
+      leaves[f'{prefix}{key}'] = list(value) if isinstance(value, tuple) else value
+  return leaves
+
+
+def config_for_mode(config, workdir: str, mode: str):
+  """The config --mode=evaluate/translate runs with: the run's `<workdir>/config.json`, changed only where the
+  command line's config changes decoding or evaluation fields (`_EVALUATION_FIELDS`). Reads only.
+
+  Training fields that differ (a config file's schedule, say) are the run's own: the stored values are kept,
+  and the log says which were ignored.
+
+  Args:
+    config: the command line's config (--config with its overrides, or the stored one when --config was
+      left out).
+    workdir: the trained run's folder.
+    mode: 'evaluate' or 'translate', for messages.
+
+  Raises:
+    FileNotFoundError: if the workdir holds no config.json or no checkpoint (nothing is written then).
+    ValueError: naming the first model or data field that differs from the run's (e.g. model.d_model).
+  """
+  stored_path = workdir_lib.path(workdir, workdir_lib.CONFIG)
+  if not epath.Path(stored_path).is_file():
+    raise FileNotFoundError(f'--mode={mode}: {stored_path} does not exist: --workdir={workdir} holds no trained '
+                            'run (train first with --mode=train, or check the path)')
+  if not checkpoints_lib.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)):
+    raise FileNotFoundError(f'--mode={mode}: no checkpoint in {workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)}'
+                            ': train first (--mode=train)')
+  stored = workdir_lib.load_config(stored_path)
+  vocabulary = workdir_lib.path(workdir, workdir_lib.vocabulary_file(stored.data.vocab_size))
+  if not epath.Path(vocabulary).is_file():
+    raise FileNotFoundError(f'--mode={mode}: the run\'s vocabulary {vocabulary} is missing')
+  given, kept = _leaves(config), _leaves(stored)
+  resolved, ignored = stored, []
+  for key, value in given.items():
+    if key not in kept or value == kept[key]:
+      continue
+    if key.startswith(_EVALUATION_FIELDS):
+      section, name = key.split('.', 1)
+      resolved[section][name] = value
+    elif key.startswith(('model.', 'data.')):
+      raise ValueError(f'--mode={mode}: {key}={value!r} differs from the run in {workdir} ({key}={kept[key]!r} '
+                       f'in {stored_path}); only decoding and evaluation fields may change')
+    else:
+      ignored.append(key)
+  if ignored:
+    logging.info('--mode=%s uses the run\'s own values of %s (from %s), not the command line\'s.', mode,
+                 ', '.join(ignored), stored_path)
+  return resolved
+
+
+def log_backend(config) -> None:
+  """Logs the backend and devices in use, once; warns when a config sized for accelerators runs on a CPU."""
+  devices = jax.devices()
+  logging.info('JAX %s on %s: process %d of %d, %d devices (%d local): %s', jax.__version__,
+               jax.default_backend(), jax.process_index(), jax.process_count(), len(devices),
+               jax.local_device_count(), ', '.join(sorted({d.device_kind for d in devices})))
+  big = config.model.d_model >= 512 or config.data.tokens_per_batch >= 8192
+  if jax.default_backend() == 'cpu' and big:
+    logging.warning('This config is sized for accelerators (model.d_model=%d, data.tokens_per_batch=%d) and runs '
+                    "on the CPU: steps will take seconds to minutes. For a GPU or TPU install jax's build with "
+                    "pip install -e '.[cuda]' or -e '.[tpu]' (README, Set-up).", config.model.d_model,
+                    config.data.tokens_per_batch)

@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 import sentencepiece as spm
 from tensorboardX import record_writer
 from tensorboardX.proto import event_pb2
@@ -46,10 +45,7 @@ _SOWN = {'encoder_self': ('encoder', 'self_attention'), 'decoder_self': ('decode
 
 def checkpoint_steps(workdir: str | os.PathLike[str]) -> list[int]:
   """The committed checkpoint steps of a run, ascending ([] if none); reads only."""
-  directory = workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)
-  if not os.path.isdir(directory):
-    return []
-  return sorted(m.step for m in ocp.step.standard_name_format().find_all(directory))
+  return checkpoints.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS))
 
 
 def abstract_params(model_cfg: model_lib.ModelConfig) -> PyTree:

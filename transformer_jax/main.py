@@ -1,11 +1,22 @@
-"""Command line: train, evaluate, translate, summarise or benchmark a Transformer.
+"""Command line: train, evaluate, translate, summarise or benchmark a Transformer, or list its config.
 
   python -m transformer_jax.main --config=configs/base.py --workdir=runs/base [--config.train.warmup_steps=8000]
+  python -m transformer_jax.main --workdir=runs/base --mode=evaluate [--config.decode.beam_size=5]
+  python -m transformer_jax.main --workdir=runs/base --mode=translate --input=en.txt --output=de.txt
   python -m transformer_jax.main --config=configs/table3.py:B1 --mode=summary
+  python -m transformer_jax.main --config=configs/multi30k.py --mode=config   # Every field, default, meaning.
+
+--config may be left out when --workdir holds a run: its config.json is the config then. --mode=evaluate and
+--mode=translate always start from the run's config.json; the command line may change only decoding and
+evaluation fields (`experiment.config_for_mode`). Config files load from any working directory.
 """
 import os
+import pathlib
+import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow (tf.data, TFDS) is chatty on import.
+# TensorFlow only reads data here: its oneDNN kernels (and their start-up notice) are of no use.
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 import logging as python_logging  # pylint: disable=g-import-not-at-top
 
@@ -15,11 +26,14 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
-MODES = ('train', 'evaluate', 'translate', 'summary', 'benchmark', 'compile')
+MODES = ('train', 'evaluate', 'translate', 'summary', 'benchmark', 'compile', 'config')
 
-config_flags.DEFINE_config_file('config', None, 'Configuration file (configs/*.py).', lock_config=True)
+config_flags.DEFINE_config_file('config', None, 'Configuration file (configs/*.py[:argument]); default: the '
+                                '<workdir>/config.json of an existing run. --mode=config lists every field.',
+                                lock_config=True)
 flags.DEFINE_string('workdir', None, 'Directory for the vocabulary, checkpoints, TensorBoard events and outputs.')
-flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
+flags.DEFINE_enum('mode', 'train', MODES, 'What to do (config: print every config field, its value, default '
+                  'and meaning, and exit).')
 flags.DEFINE_string('input', None, 'translate mode: input file, one sentence per line (stdin if omitted).')
 flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omitted).')
 flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.distributed.initialize() before any '
@@ -27,7 +41,6 @@ flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.di
                      'JAX_NUM_PROCESSES and JAX_PROCESS_ID, an srun step of several tasks, mpirun with several '
                      'ranks, a multi-worker Cloud TPU slice; sharding.distributed_environment). --multihost forces '
                      'it (launch/tpu_vm.sh run passes it), --nomultihost forbids it.')
-flags.mark_flags_as_required(['config'])
 
 
 class _QuietLibraries(python_logging.Filter):
@@ -39,10 +52,19 @@ class _QuietLibraries(python_logging.Filter):
 
 
 def main(argv):
+  """Runs --mode on --config (see the module docstring).
+
+  Raises:
+    app.UsageError: for positional arguments, or a mode that needs --workdir without one.
+  """
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, mode, workdir = flags.FLAGS.config, flags.FLAGS.mode, flags.FLAGS.workdir
+  if mode == 'config':
+    from transformer_jax import config_doc  # pylint: disable=g-import-not-at-top
+    print(config_doc.describe(config), end='')
+    return
   if mode == 'summary':
     from transformer_jax import model as model_lib  # pylint: disable=g-import-not-at-top
     from transformer_jax import summary  # pylint: disable=g-import-not-at-top
@@ -54,12 +76,17 @@ def main(argv):
     return
   if workdir is None:
     raise app.UsageError(f'--workdir is required for --mode={mode}')
+  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
   from transformer_jax import sharding  # pylint: disable=g-import-not-at-top
+  if mode in ('evaluate', 'translate'):
+    config = experiment.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   sharding.initialize_distributed(flags.FLAGS.multihost)  # Before any call that starts a JAX backend.
-  logging.info('JAX process %d/%d, %d local devices: %s', jax.process_index(), jax.process_count(),
-               jax.local_device_count(), jax.devices())
+  experiment.log_backend(config)
   from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top
   from transformer_jax import train  # pylint: disable=g-import-not-at-top
+  if not sys.stderr.isatty():  # TFDS's progress bars would fill a redirected log with carriage returns.
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    tfds.disable_progress_bar()
   if mode == 'train':
     train.train_and_evaluate(config, workdir)
   elif mode == 'evaluate':
@@ -71,6 +98,59 @@ def main(argv):
     aot.compile_only(config, workdir)
 
 
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of --name=VALUE or --name VALUE in argv (the last one), or None."""
+  value = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(f'--{name}='):
+      value = arg.split('=', 1)[1]
+    elif arg == f'--{name}' and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+  """What runs before absl parses the flags (a config file is loaded while parsing).
+
+  Puts the repository root, and the folder above each --config file's, on sys.path (configs do `from configs
+  import base`), so configs load from any working directory; with no --config, points it at the run in
+  --workdir (`workdir.get_config`), so that `--config.<field>=...` overrides still parse.
+
+  Returns:
+    argv, with `--config=<...>/workdir.py:<workdir>` appended when --config is left out and the workdir has a
+    config.json.
+
+  Raises:
+    SystemExit: with a message, when --config is left out and the workdir holds no run.
+  """
+  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  roots = [pathlib.Path(__file__).resolve().parents[1]]
+  config = _flag_value(argv, 'config')
+  if config:
+    roots.append(pathlib.Path(config.split(':')[0]).resolve().parents[1])
+  for root in roots:
+    if str(root) not in sys.path:
+      sys.path.insert(0, str(root))
+  workdir = _flag_value(argv, 'workdir')
+  if config is None and workdir and pathlib.Path(workdir_lib.path(workdir, workdir_lib.CONFIG)).is_file():
+    argv = [*argv, f'--config={workdir_lib.__file__}:{workdir}']
+  elif config is None:
+    sys.exit('--config is required' + (f': --workdir={workdir} holds no run (no config.json)' if workdir else '')
+             + '; e.g. --config=configs/multi30k.py (--help for usage)')
+  return argv
+
+
+def _print_help_and_exit(argv: list[str]) -> None:
+  """`--help` / `-h`: this module's usage and flags (not JAX's 700 lines), exit status 0."""
+  if not {'--help', '-h', '--helpshort'} & set(argv[1:]):
+    return
+  print(__doc__)
+  print(flags.FLAGS.module_help(sys.modules[__name__]))
+  print('\nEvery config field, its default and meaning: --config=<file> --mode=config. JAX flags: --helpfull.')
+  sys.exit(0)
+
+
 if __name__ == '__main__':
+  _print_help_and_exit(sys.argv)
   jax.config.config_with_absl()
-  app.run(main)
+  app.run(main, argv=prepare_argv(sys.argv))

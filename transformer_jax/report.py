@@ -145,6 +145,7 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
 
 
 def to_csv(records: Sequence[dict[str, Any]]) -> str:
+  """The report's rows as CSV text, one column per entry of COLUMNS (header first)."""
   out = io.StringIO()
   writer = csv.DictWriter(out, fieldnames=[key for _, key in COLUMNS])
   writer.writeheader()
@@ -207,6 +208,11 @@ _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where to write the report
 
 
 def main(argv: Sequence[str]) -> None:
+  """`python -m transformer_jax.report DIR`: writes the report files and prints the Markdown table.
+
+  Raises:
+    app.UsageError: unless exactly one DIR is given.
+  """
   if len(argv) != 2:
     raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR]')
   print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value), end='')

@@ -16,12 +16,14 @@ Reliability, as the loop implements it:
 """
 import datetime
 import functools
+import json
 import signal
 import threading
 import time
 from typing import Any, NamedTuple
 
 from absl import logging
+from etils import epath
 import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
@@ -141,23 +143,33 @@ def jit_steps(setup: Setup, state_sharding):
 
 @jax.jit
 def _accumulate(sums: dict[str, Array], metrics: dict[str, Array]) -> dict[str, Array]:
-  """Adds one step's metric sums (zeros for a step whose update was not applied) and counts those steps."""
+  """Adds one step's metric sums and gradient norm (zeros for a step whose update was not applied) and counts
+  the applied and the skipped steps."""
   skipped = metrics['nonfinite'] > 0
-  return {key: sums[key] + jnp.where(skipped, 0.0, metrics[key]) for key in _SUM_KEYS} | {
-      'skipped_steps': sums['skipped_steps'] + metrics['nonfinite']}
+  return {key: sums[key] + jnp.where(skipped, 0.0, metrics[key]) for key in (*_SUM_KEYS, 'grad_norm')} | {
+      'skipped_steps': sums['skipped_steps'] + metrics['nonfinite'],
+      'applied_steps': sums['applied_steps'] + 1.0 - metrics['nonfinite']}
 
 
 class _Progress:
-  """Sums metrics on the device between reports; checks each step for non-finite values one step late."""
+  """Sums metrics on the device between reports; checks each step for non-finite values one step late.
+
+  Rates and the time left count training steps only: the seconds spent compiling, validating and saving
+  on request (`exclude`) are left out and reported apart.
+  """
 
   def __init__(self, setup: Setup, writer, first_step: int):
     self.setup, self.writer = setup, writer
     self.sums, self.tokens, self.pending = self._zeros(), 0, None
-    self.time, self.step = time.perf_counter(), first_step
+    self.time, self.step, self.excluded = time.perf_counter(), first_step, 0.0
 
   @staticmethod
   def _zeros() -> dict[str, Array]:
-    return {key: jnp.zeros((), jnp.float32) for key in (*_SUM_KEYS, 'skipped_steps')}
+    return {key: jnp.zeros((), jnp.float32) for key in (*_SUM_KEYS, 'grad_norm', 'skipped_steps', 'applied_steps')}
+
+  def exclude(self, seconds: float) -> None:
+    """Leaves `seconds` (compilation, validation) out of the next report's rates."""
+    self.excluded += seconds
 
   def update(self, step: int, metrics: dict[str, Array], batch: dict[str, np.ndarray]) -> None:
     """Records step `step`'s metrics, then checks the previous step's (by now computed: no pipeline stall)."""
@@ -188,19 +200,21 @@ class _Progress:
     now = time.perf_counter()
     sums = jax.device_get(self.sums)
     summary = evaluate_lib.summarize_metrics(sums)
-    steps_per_sec = (step - self.step) / (now - self.time)
+    seconds = max(now - self.time - self.excluded, 1e-9)  # Training steps only.
+    steps_per_sec = (step - self.step) / seconds
     remaining = (self.setup.config.train.num_train_steps - step) / max(steps_per_sec, 1e-9)
     tokens = self.tokens  # This process's rows; every process reports at the same step, so sum them.
     if jax.process_count() > 1:
       tokens = int(np.sum(multihost_utils.process_allgather(np.int64(tokens))))
     summary |= {'learning_rate': float(self.setup.schedule(step - 1)), 'steps_per_sec': steps_per_sec,
-                'tokens_per_sec': tokens / (now - self.time), 'skipped_steps': float(sums['skipped_steps'])}
-    logging.info('step %d/%d | loss %.4f | nll %.4f | acc %.3f | lr %.3g | %.2f steps/s | %.0f tokens/s | '
-                 '%s left', step, self.setup.config.train.num_train_steps, summary['loss'], summary['nll'],
-                 summary['accuracy'], summary['learning_rate'], steps_per_sec, summary['tokens_per_sec'],
-                 datetime.timedelta(seconds=int(remaining)))
+                'tokens_per_sec': tokens / seconds, 'skipped_steps': float(sums['skipped_steps']),
+                'grad_norm': float(sums['grad_norm']) / max(float(sums['applied_steps']), 1.0)}
+    logging.info('step %d/%d | loss %.4f | nll %.4f | acc %.3f | grad norm %.3g | lr %.3g | %.2f steps/s | '
+                 '%.0f tokens/s | %s left', step, self.setup.config.train.num_train_steps, summary['loss'],
+                 summary['nll'], summary['accuracy'], summary['grad_norm'], summary['learning_rate'],
+                 steps_per_sec, summary['tokens_per_sec'], datetime.timedelta(seconds=int(remaining)))
     evaluate_lib.write_scalars(self.writer, step, summary, prefix='train')
-    self.sums, self.tokens, self.time, self.step = self._zeros(), 0, now, step
+    self.sums, self.tokens, self.time, self.step, self.excluded = self._zeros(), 0, now, step, 0.0
 
 
 class _StopRequest:
@@ -247,17 +261,23 @@ class _Data(NamedTuple):
 
 
 def _load_data(setup: Setup) -> _Data:
-  data_cfg = setup.config.data
+  """Reads and tokenises every split the run needs, and logs the counts and the time it took."""
+  data_cfg, start = setup.config.data, time.perf_counter()
   train_source, train_target = input_pipeline.load_split(data_cfg, data_cfg.train_split)
   train_iter = input_pipeline.TrainIterator.from_config(
-      data_cfg, input_pipeline.encode(setup.tokenizer, train_source), input_pipeline.encode(setup.tokenizer, train_target),
+      data_cfg, input_pipeline.encode(setup.tokenizer, train_source),
+      input_pipeline.encode(setup.tokenizer, train_target),
       pad_rows_to=setup.data_shards * setup.config.train.grad_accum_steps, process_index=jax.process_index(),
       process_count=jax.process_count())
+  num_train = len(train_source)
   del train_source, train_target
   eval_split = experiment.encode_split(setup, data_cfg.eval_split)
   test = experiment.encode_split(setup, data_cfg.test_split) if setup.config.train.translate_at_end else None
-  return _Data(train_iter, experiment.make_eval_batches(setup, eval_split.source_ids, eval_split.target_ids), eval_split,
-               test)
+  logging.info('Data: %d training pairs (%s), %d validation (%s)%s, read and tokenised in %.1f s.', num_train,
+               data_cfg.train_split, len(eval_split.source_texts), data_cfg.eval_split,
+               f', {len(test.source_texts)} test ({data_cfg.test_split})' if test else '', time.perf_counter() - start)
+  return _Data(train_iter, experiment.make_eval_batches(setup, eval_split.source_ids, eval_split.target_ids),
+               eval_split, test)
 
 
 def _restore_or_init(setup: Setup, data: _Data) -> tuple[TrainState, Any]:
@@ -282,30 +302,59 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
   """Steps state.step + 1 .. train.num_train_steps; returns (state, the step it stopped at on request or None)."""
   cfg = setup.config.train
   progress = _Progress(setup, writer, int(state.step))
+  logging.info('Training steps %d to %d. Progress lines: loss = the label-smoothed cross-entropy that is '
+               'optimised (train.label_smoothing=%g), nll = the plain cross-entropy per target token, acc = '
+               'next-token accuracy, grad norm = the mean global gradient norm; steps/s and the time left count '
+               'training steps only (compilation and validation are logged apart).', int(state.step) + 1,
+               cfg.num_train_steps, cfg.label_smoothing)
   for step in range(int(state.step) + 1, cfg.num_train_steps + 1):
     batch = next(data.train_iter)
+    compiled, start = train_fn._cache_size(), time.perf_counter()  # pylint: disable=protected-access
     state, metrics = train_fn(state, setup.device_batch(batch))
+    if train_fn._cache_size() != compiled:  # pylint: disable=protected-access
+      seconds = time.perf_counter() - start  # The call returned once compiled (the step runs asynchronously).
+      progress.exclude(seconds)
+      logging.info('Compiled the train step for batch shape %s in %.1f s.', list(batch['source_tokens'].shape),
+                   seconds)
     progress.update(step, metrics, batch)
     last, stopping = step == cfg.num_train_steps, stop.requested(step)
     if last or stopping or step % cfg.checkpoint_every_steps == 0:
       progress.check_pending()  # With on_nonfinite='stop', a skipped step's state is never saved.
     if last or step % cfg.log_every_steps == 0:
       progress.report(step)
+    start = time.perf_counter()
     if last or step % cfg.eval_every_steps == 0:
-      evaluate_lib.write_scalars(writer, step, evaluate_lib.validate(setup, eval_fn, state.params, data.eval_batches, step),
-                                 'eval')
+      eval_metrics = evaluate_lib.validate(setup, eval_fn, state.params, data.eval_batches, step)
+      evaluate_lib.write_scalars(writer, step, eval_metrics, 'eval')
     if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
       scores = evaluate_lib.validation_bleu(setup, state.params, data.eval_split, step)
       evaluate_lib.write_scalars(writer, step, scores, 'eval')
       setup.best_checkpoints.save(step, {'params': state.params}, {}, force=True, metrics={'bleu': scores['bleu']})
+    progress.exclude(time.perf_counter() - start)
     setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
       return state, step
   return state, None
 
 
+def _finished_run(setup: Setup) -> dict[str, float] | None:
+  """The stored final metrics when the workdir's run has trained all train.num_train_steps and been evaluated
+  (a rerun of the same command then does nothing: no second test translation, no duplicate TensorBoard
+  points); else None."""
+  metrics_path = epath.Path(workdir_lib.path(setup.workdir, workdir_lib.FINAL_METRICS))
+  if setup.checkpoints.latest_step() != setup.config.train.num_train_steps or not metrics_path.is_file():
+    return None
+  logging.warning('The run in %s is finished (step %d of %d; final figures in %s): nothing to do. Evaluate it '
+                  'again with --mode=evaluate, or raise train.num_train_steps to train on.', setup.workdir,
+                  setup.config.train.num_train_steps, setup.config.train.num_train_steps, metrics_path)
+  return json.loads(metrics_path.read_text())
+
+
 def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   """Trains (resuming from the latest checkpoint in workdir), evaluates periodically, then translates.
+
+  A run that has already trained every step and been evaluated is left as it is (its final_metrics.json
+  is returned).
 
   Returns:
     The final metrics: validation loss/nll/perplexity/accuracy, and `bleu` when train.translate_at_end; or
@@ -321,6 +370,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   setup = experiment.setup(config, workdir, data_splits=splits)
   writer = None
   try:
+    finished = _finished_run(setup)
+    if finished is not None:
+      return finished
     if jax.process_index() == 0:
       workdir_lib.save_config(config, workdir)  # For notebooks and --mode=evaluate/translate.
     data = _load_data(setup)

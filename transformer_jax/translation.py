@@ -5,8 +5,10 @@ every process gets every row back); `translate` detokenises. Which checkpoints t
 the output is `evaluate.py`'s.
 """
 import functools
+import time
 from typing import Any, Iterable
 
+from absl import logging
 import flax
 import jax
 from jax.experimental import multihost_utils
@@ -85,7 +87,8 @@ def _split_cache(cache) -> tuple[dict, Any]:
 
 def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_sentences: int, *,
                model: model_lib.Transformer, beam_size: int, alpha: float, extra_length: int,
-               batch_sharding: jax.sharding.Sharding | None = None) -> list[np.ndarray]:
+               batch_sharding: jax.sharding.Sharding | None = None,
+               log_every_seconds: float = 20.0) -> list[np.ndarray]:
   """The best hypothesis of every sentence of `batches`, in the original order.
 
   With `batch_sharding`, each batch holds this process's rows of a global batch (`input_pipeline.eval_batches`
@@ -99,6 +102,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     num_sentences: number of sentences; every one must receive an output.
     model, beam_size, alpha, extra_length: see `decode_batch`.
     batch_sharding: the sharding of a global batch over the data axes (`sharding.batch_sharding`), or None.
+    log_every_seconds: how often a progress line (sentences done, rate, time left) is logged.
 
   Returns:
     num_sentences int32 arrays [src_len + extra_length] of token ids, PAD after EOS.
@@ -107,6 +111,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     ValueError: if some sentence received no output (a batching bug, never silently tolerated).
   """
   outputs: list[np.ndarray | None] = [None] * num_sentences
+  start = last_log = time.perf_counter()
   for batch in batches:
     if batch_sharding is None:
       source, index = jnp.asarray(batch['source_tokens']), batch['example_index']
@@ -119,6 +124,11 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     tokens, index = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
     for row in np.flatnonzero(index >= 0):
       outputs[int(index[row])] = tokens[row]
+    if time.perf_counter() - last_log > log_every_seconds:
+      done, seconds = sum(x is not None for x in outputs), time.perf_counter() - start
+      logging.info('Decoded %d of %d sentences in %.0f s (%.1f sentences/s, about %.0f s left).', done,
+                   num_sentences, seconds, done / seconds, (num_sentences - done) * seconds / max(done, 1))
+      last_log = time.perf_counter()
   missing = [i for i, tokens in enumerate(outputs) if tokens is None]
   if missing:
     raise ValueError(f'{len(missing)} sentences got no translation, first at line {missing[0] + 1}')

@@ -9,6 +9,7 @@
     <split>.hyp.<target_lang>           the final evaluation's hypotheses, one line per source line
     final_metrics.json                  the final evaluation's figures (what transformer_jax.report reads)
     compile.json                        --mode=compile's memory and FLOP estimates
+    evaluations/<YYYYmmdd-HHMMSS>/      each --mode=evaluate's hypotheses and final_metrics.json
     events.out.tfevents.*               TensorBoard scalars
 
 Every module that reads or writes one of these names it through this module. Paths are strings, joined with
@@ -30,6 +31,7 @@ BEST_CHECKPOINTS = 'best_checkpoints'
 UNUSABLE_CHECKPOINTS = 'unusable_checkpoints'
 FINAL_METRICS = 'final_metrics.json'
 COMPILE_REPORT = 'compile.json'
+EVALUATIONS = 'evaluations'
 
 
 def path(workdir: str | os.PathLike[str], name: str) -> str:
@@ -60,7 +62,7 @@ def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[st
   target.parent.mkdir(parents=True, exist_ok=True)
   tmp = epath.Path(f'{target}.tmp-{os.getpid()}')
   tmp.write_text(config.to_json_best_effort(indent=2, sort_keys=True), encoding='utf-8')
-  tmp.rename(target)
+  tmp.replace(target)  # Overwrites an older config.json (a resumed run).
   return os.fspath(target)
 
 
@@ -93,3 +95,16 @@ def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> m
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg) if arg else module.get_config()
+
+
+def get_config(workdir: str) -> ml_collections.ConfigDict:
+  """A run's stored config as a config file: `--config=transformer_jax/workdir.py:<workdir>` loads
+  `<workdir>/config.json` (what `main` passes when --config is left out and the workdir has one).
+
+  Raises:
+    FileNotFoundError: if `<workdir>/config.json` does not exist.
+  """
+  file = path(workdir, CONFIG)
+  if not epath.Path(file).is_file():
+    raise FileNotFoundError(f'{file} does not exist: --workdir={workdir} holds no run (pass --config=...)')
+  return load_config(file)

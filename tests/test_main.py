@@ -1,0 +1,47 @@
+"""The command line itself: help, --mode=config, and configs that load from any working directory."""
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def main(*flags, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+  """`python -m transformer_jax.main <flags>` from `cwd`, importing this checkout's package (and nothing else
+  of the repository: `configs` is not importable unless main makes it so)."""
+  packages = cwd / 'packages'
+  packages.mkdir(exist_ok=True)
+  if not (packages / 'transformer_jax').exists():
+    (packages / 'transformer_jax').symlink_to(REPO_ROOT / 'transformer_jax')
+  env = {**os.environ, 'PYTHONPATH': str(packages)}
+  return subprocess.run([sys.executable, '-m', 'transformer_jax.main', *flags], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_help_exits_zero_and_points_at_the_config_listing(tmp_path):
+  process = main('--help', cwd=tmp_path)
+  assert process.returncode == 0, process.stderr
+  assert '--config:' in process.stdout and '--mode=config' in process.stdout
+  assert len(process.stdout.splitlines()) < 80  # This module's flags, not JAX's 700 lines.
+
+
+def test_mode_config_lists_fields_defaults_and_meanings_from_any_directory(tmp_path):
+  process = main(f'--config={REPO_ROOT}/configs/multi30k.py', '--config.decode.beam_size=5', '--mode=config',
+                 cwd=tmp_path)  # Not the repository root: configs/multi30k.py imports `configs.base`.
+  assert process.returncode == 0, process.stderr[-3000:]
+  lines = process.stdout.splitlines()
+  assert 'decode.beam_size = 5  (default: 4)' in lines  # The override, applied.
+  assert 'data.vocab_size = 8000  (default: 37000)' in lines  # The config file's value.
+  index = lines.index('train.label_smoothing = 0.1')
+  assert lines[index + 1].strip() == '§5.4 eps_ls.'  # Its comment in configs/base.py.
+  assert len([line for line in lines if ' = ' in line]) > 60  # Every field.
+
+
+def test_missing_config_is_one_clear_line(tmp_path):
+  process = main('--workdir', str(tmp_path / 'run'), cwd=tmp_path)
+  assert process.returncode == 1
+  assert process.stderr.strip().splitlines() == [
+      f'--config is required: --workdir={tmp_path}/run holds no run (no config.json); e.g. '
+      '--config=configs/multi30k.py (--help for usage)']
+  assert not (tmp_path / 'run').exists()
