@@ -4,6 +4,7 @@ import gzip
 import importlib.util
 import json
 import logging
+import os
 import pathlib
 import shutil
 import socket
@@ -249,12 +250,14 @@ def write_text(path: pathlib.Path, text: bytes) -> str:
   return str(path)
 
 
-def test_load_split_text_files(tmp_path):
+def test_load_split_text_files(tmp_path, caplog):
   train = write_text(tmp_path / 'train.en', 'A dog.\n\nA café.\n'.encode())
   train_de = write_text(tmp_path / 'train.de.gz', 'Ein Hund.\n\nEin Café.\n'.encode())
   eval_en, eval_de = write_text(tmp_path / 'e.en', b'x\n'), write_text(tmp_path / 'e.de', b'y\n')
   data = data_config(dataset='text', train_files=f'{train},{train_de}', eval_files=f'{eval_en}, {eval_de}')
-  assert input_pipeline.load_split(data, 'train') == (['A dog.', '', 'A café.'], ['Ein Hund.', '', 'Ein Café.'])
+  with caplog.at_level(logging.INFO):
+    assert input_pipeline.load_split(data, 'train') == (['A dog.', '', 'A café.'], ['Ein Hund.', '', 'Ein Café.'])
+  assert f"Read 3 pairs of split 'train' from {train}, {train_de}." in caplog.text
   assert input_pipeline.load_split(data, 'validation') == (['x'], ['y'])
   with pytest.raises(ValueError, match="Split 'test' of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH'"):
     input_pipeline.load_split(data, 'test')
@@ -292,6 +295,60 @@ def test_load_split_multi30k(tmp_path, multi30k_dir):
     input_pipeline.load_split(data, 'validation')
 
 
+def cut_corpus(folder: pathlib.Path, multi30k_dir: pathlib.Path, train_lines: int, languages=('en', 'de', 'fr')):
+  """A copy of the corpus for `languages` with the training files cut to their first `train_lines` lines."""
+  folder.mkdir()
+  for name in multi30k.file_names(languages):
+    if name.startswith('train'):
+      lines = multi30k.read_lines(multi30k_dir / name)[:train_lines]
+      write_text(folder / name, ''.join(f'{line}\n' for line in lines).encode())
+    else:
+      shutil.copy(multi30k_dir / name, folder / name)
+  return folder
+
+
+def test_load_split_multi30k_reads_the_manual_dir_given(tmp_path, multi30k_dir, caplog):
+  """A second manual_dir with other files is prepared anew, not read from the first one's cache (#14 item 1)."""
+  tfds_dir = tmp_path / 'tfds'
+  for folder, lines in (('first', 1000), ('cut', 500)):
+    manual_dir = cut_corpus(tmp_path / folder, multi30k_dir, lines)
+    data = data_config(dataset='multi30k', manual_dir=str(manual_dir), tfds_data_dir=str(tfds_dir))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      source, target = input_pipeline.load_split(data, 'train')
+    assert len(source) == len(target) == lines
+    assert source == multi30k.read_lines(multi30k_dir / 'train.en.gz')[:lines]
+    assert f"Read {lines} pairs of split 'train' of multi30k from {tfds_dir}/multi30k/de-en-files-" in caplog.text
+    assert f'train.en.gz ({(manual_dir / "train.en.gz").stat().st_size:,} bytes)' in caplog.text
+    assert str(manual_dir) in caplog.text
+  # The same files in another folder are the same data (same config), prepared once per tfds_data_dir.
+  copy = shutil.copytree(tmp_path / 'cut', tmp_path / 'copy')
+  other_tfds = tmp_path / 'other_tfds'
+  for tfds_data_dir in (tfds_dir, other_tfds):
+    caplog.clear()
+    data = data_config(dataset='multi30k', manual_dir=str(copy), tfds_data_dir=str(tfds_data_dir))
+    with caplog.at_level(logging.INFO):
+      assert len(input_pipeline.load_split(data, 'train')[0]) == 500
+    assert f'of multi30k from {tfds_data_dir}/multi30k/de-en-files-' in caplog.text
+  assert len(list((tfds_dir / 'multi30k').iterdir())) == 2
+
+
+def test_multi30k_needs_only_the_language_pair(tmp_path, multi30k_dir):
+  """An en->de run reads a folder without the French files; a missing file of the pair is named (#14 item 15)."""
+  manual_dir = cut_corpus(tmp_path / 'manual', multi30k_dir, 20, languages=('en', 'de'))
+  data = data_config(dataset='multi30k', manual_dir=str(manual_dir), tfds_data_dir=str(tmp_path / 'tfds'))
+  source, target = input_pipeline.load_split(data, 'validation')
+  assert target == multi30k.read_lines(multi30k_dir / 'val.de.gz') and len(source) == 1014
+  (manual_dir / 'test_2016_flickr.de.gz').unlink()
+  for load in (lambda: input_pipeline.load_split(data, 'test'), lambda: multi30k.check_manual_dir(manual_dir, ('en', 'de'))):
+    with pytest.raises(ValueError, match=r'lacks test_2016_flickr\.de\.gz\. For languages en-de it needs: ') as error:
+      load()
+    assert 'fr' not in str(error.value)
+  data.target_lang = 'fr'
+  with pytest.raises(ValueError, match=r'lacks train\.fr\.gz, val\.fr\.gz, test_2016_flickr\.fr\.gz'):
+    input_pipeline.load_split(data, 'train')
+
+
 def test_load_split_multi30k_manual_dir_lacks_files(tmp_path):
   data = data_config(dataset='multi30k', manual_dir=str(tmp_path), tfds_data_dir=str(tmp_path / 'tfds'))
   with pytest.raises(ValueError, match='lacks train.en.gz, train.de.gz'):
@@ -313,3 +370,8 @@ def test_measure_throughput(train_ids):
   stats = input_pipeline.measure_throughput(make_iterator(train_ids), 5)
   assert stats['batches_per_sec'] > 0 and stats['tokens_per_sec'] > 0
   assert 0 < stats['padding_fraction'] < 1 and 1 <= stats['distinct_shapes'] <= 5
+
+
+def test_tests_never_use_the_home_tfds_folder():
+  assert tfds.core.constants.DATA_DIR == os.environ['TFDS_DATA_DIR']
+  assert not pathlib.Path(os.environ['TFDS_DATA_DIR']).is_relative_to(pathlib.Path.home() / 'tensorflow_datasets')

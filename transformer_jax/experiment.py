@@ -202,7 +202,7 @@ def check_data_files(data_config, splits) -> None:
   """Fails early when the input files of `splits` are not where the config says (nothing is read).
 
   dataset='text': `data.{train,eval,test}_files` must each name two existing files; dataset='multi30k' with a
-  manual_dir: the folder must hold the nine files. TFDS datasets are checked by TFDS when loaded.
+  manual_dir: the folder must hold the files of the language pair. TFDS datasets are checked by TFDS when loaded.
 
   Args:
     data_config: `config.data`.
@@ -213,7 +213,7 @@ def check_data_files(data_config, splits) -> None:
     FileNotFoundError: naming the key and the path of a missing file.
   """
   if data_config.dataset == 'multi30k' and data_config.manual_dir:
-    multi30k.check_manual_dir(data_config.manual_dir)
+    multi30k.check_manual_dir(data_config.manual_dir, (data_config.source_lang, data_config.target_lang))
   if data_config.dataset != 'text':
     return
   keys = {data_config.train_split: 'train_files', data_config.eval_split: 'eval_files',

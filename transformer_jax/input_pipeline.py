@@ -53,6 +53,9 @@ Batch = dict[str, np.ndarray]
 def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
   """Reads one split as (source sentences, target sentences), aligned, in the dataset's order.
 
+  Logs what was read: the files ('text'; Multi30k: the files, sizes and the prepared folder, which is tied to
+  them, see `multi30k.builder_config`) or the TFDS folder, and the number of pairs.
+
   Args:
     data_config: `config.data` (configs/base.py).
     split: a TFDS split name such as data_config.train_split; for dataset 'text' one of data_config.train_split,
@@ -63,26 +66,34 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
 
   Raises:
     ValueError: for unknown languages or splits, unaligned files, invalid UTF-8, or a Multi30k manual_dir that
-      lacks files.
+      lacks a file of the language pair.
     FileNotFoundError: for a missing text file.
   """
+  langs = (data_config.source_lang, data_config.target_lang)
   if data_config.dataset == 'text':
-    source, target = multi30k.read_parallel(_text_files(data_config, split))
+    paths = _text_files(data_config, split)
+    source, target = multi30k.read_parallel(paths)
+    logging.info('Read %d pairs of split %r from %s.', len(source), split, ', '.join(paths))
     return source, target
   kwargs = {}
-  if data_config.dataset == 'multi30k' and data_config.manual_dir:
-    multi30k.check_manual_dir(data_config.manual_dir)
-    kwargs['download_and_prepare_kwargs'] = {
-        'download_config': tfds.download.DownloadConfig(manual_dir=data_config.manual_dir)}
+  if data_config.dataset == 'multi30k':
+    manual_dir = data_config.manual_dir or None
+    config = multi30k.builder_config(langs, manual_dir)
+    kwargs['builder_kwargs'] = {'config': config}
+    if manual_dir:
+      kwargs['download_and_prepare_kwargs'] = {
+          'download_config': tfds.download.DownloadConfig(manual_dir=manual_dir)}
   dataset, info = tfds.load(data_config.dataset, split=split, data_dir=data_config.tfds_data_dir or None,
                             batch_size=65536, shuffle_files=False, with_info=True, **kwargs)
-  langs = (data_config.source_lang, data_config.target_lang)
   if not set(langs) <= set(info.features.keys()):
     raise ValueError(f'{data_config.dataset} has languages {sorted(info.features.keys())}, not {langs}.')
   columns = ([], [])
   for examples in tfds.as_numpy(dataset):
     for column, lang in zip(columns, langs):
       column.extend(text.decode('utf-8') for text in examples[lang])
+  made_from = f'; made from {info.config_description}' if data_config.dataset == 'multi30k' else ''
+  logging.info('Read %d pairs of split %r of %s from %s%s.', len(columns[0]), split, data_config.dataset,
+               info.data_dir, made_from)
   return columns
 
 
