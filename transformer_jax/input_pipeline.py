@@ -115,8 +115,10 @@ def get_tokenizer(data_config: Any, workdir: str, process_index: int = 0) -> tok
   def sentences():
     source, target = load_split(data_config, data_config.train_split)
     return itertools.chain(source, target)
-  return tokenizer_lib.train_or_load(workdir, sentences, data_config.vocab_size, data_config.tokenizer_model_type,
-                                     data_config.tokenizer_train_sentences, process_index)
+  return tokenizer_lib.train_or_load(
+      workdir, sentences, data_config.vocab_size, model_type=data_config.tokenizer_model_type,
+      max_sentences=data_config.tokenizer_train_sentences, seed=data_config.tokenizer_seed,
+      process_index=process_index)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ import time
 
 from absl import logging
 from etils import epath
+import numpy as np
 import sentencepiece as spm
 
 PAD_ID = 0
@@ -91,19 +92,42 @@ class Tokenizer:
     return self._processor.decode(kept)
 
 
-def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sentences: int) -> bytes:
-  """Trains a SentencePiece model on a sample of at most `max_sentences` sentences; returns its bytes."""
+def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int) -> list[str]:
+  """A uniform sample of at most `max_sentences` of the non-empty sentences, in corpus order, chosen by `seed`.
+
+  The sample is drawn here with numpy rather than by SentencePiece (input_sentence_size with
+  shuffle_input_sentence), whose sample differs from process to process whatever `spm.set_random_generator_seed`
+  says (sentencepiece 0.2.3: three runs, three vocabularies), so the same corpus and seed give the same file.
+
+  Args:
+    sentences: the training sentences (str).
+    max_sentences: the most to keep.
+    seed: seeds numpy's default Generator (data.tokenizer_seed).
+
+  Returns:
+    The non-empty sentences if there are at most max_sentences of them, else max_sentences of them without
+    replacement, in their original order.
+  """
+  kept = [sentence for sentence in sentences if sentence]  # SentencePiece skips empty lines too.
+  if len(kept) <= max_sentences:
+    return kept
+  chosen = np.sort(np.random.default_rng(seed).choice(len(kept), max_sentences, replace=False))
+  return [kept[i] for i in chosen]
+
+
+def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sentences: int, seed: int) -> bytes:
+  """Trains a SentencePiece model on a seeded sample of at most `max_sentences` sentences; returns its bytes."""
+  sample = sample_sentences(sentences, max_sentences, seed)
   model = io.BytesIO()
-  spm.set_random_generator_seed(0)  # The same sample, hence the same vocabulary, on every run.
+  spm.set_random_generator_seed(seed)  # For SentencePiece's other random choices (unigram).
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences),
+      sentence_iterator=iter(sample),
       model_writer=model,
       vocab_size=vocab_size,
       model_type=model_type,
       pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
       byte_fallback=True,
-      input_sentence_size=max_sentences,  # Reservoir sample of this many sentences.
-      shuffle_input_sentence=True,
+      input_sentence_size=0,  # All of the sample: SentencePiece's own sampling is not reproducible.
       num_threads=os.cpu_count() or 1,
       minloglevel=1)
   return model.getvalue()
@@ -114,6 +138,7 @@ def train_or_load(workdir: str | os.PathLike[str],
                   vocab_size: int,
                   model_type: str = 'bpe',
                   max_sentences: int = 2_000_000,
+                  seed: int = 0,
                   process_index: int = 0,
                   timeout_secs: float = 3600.0,
                   poll_secs: float = 1.0) -> Tokenizer:
@@ -128,7 +153,8 @@ def train_or_load(workdir: str | os.PathLike[str],
       trains.
     vocab_size: number of pieces, special ids and the 256 byte pieces included (Sec. 5.1: about 37000).
     model_type: 'bpe' (Sec. 5.1) or 'unigram'.
-    max_sentences: at most this many sentences, sampled uniformly, train the model.
+    max_sentences: at most this many non-empty sentences, sampled uniformly (`sample_sentences`), train the model.
+    seed: chooses the sample (data.tokenizer_seed): the same sentences and seed give the same file, byte for byte.
     process_index: this host's index (jax.process_index()).
     timeout_secs: how long a process other than 0 waits for the file, seconds.
     poll_secs: seconds between checks for the file.
@@ -137,7 +163,8 @@ def train_or_load(workdir: str | os.PathLike[str],
     The loaded Tokenizer.
 
   Raises:
-    ValueError: for an unknown model_type, a non-positive vocab_size, or one the corpus cannot fill or
+    ValueError: for an unknown model_type, a seed outside [0, 2**32), a non-positive vocab_size, or one the
+      corpus cannot fill or
       that is smaller than its characters plus the special and byte pieces (naming data.vocab_size).
     TimeoutError: if the file does not appear within timeout_secs on a process other than 0.
   """
@@ -145,12 +172,14 @@ def train_or_load(workdir: str | os.PathLike[str],
     raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
   if vocab_size <= 0:
     raise ValueError(f'vocab_size must be positive, got {vocab_size}.')
+  if not isinstance(seed, int) or not 0 <= seed < 2**32:
+    raise ValueError(f'data.tokenizer_seed must be an integer in [0, 2**32), got {seed!r}.')
   path = epath.Path(workdir) / f'spm_{vocab_size}.model'
   if not path.exists() and process_index == 0:
     texts = sentences()
     start = time.perf_counter()
     try:
-      proto = _train(texts, vocab_size, model_type, max_sentences)
+      proto = _train(texts, vocab_size, model_type, max_sentences, seed)
     except RuntimeError as e:  # SentencePiece reports a size that does not fit the corpus as a RuntimeError.
       if 'ocabulary size' not in str(e):
         raise
