@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
+from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
@@ -211,7 +212,9 @@ def check_data_files(data_config, splits) -> None:
   Raises:
     ValueError: naming the key for a malformed file list or an incomplete Multi30k folder.
     FileNotFoundError: naming the key and the path of a missing file.
+    ImportError: if sacreBLEU's tokenizer for data.target_lang needs packages that are missing.
   """
+  bleu.check_sacrebleu_tokenizer(data_config.target_lang)
   if data_config.dataset == 'multi30k' and data_config.manual_dir:
     multi30k.check_manual_dir(data_config.manual_dir, (data_config.source_lang, data_config.target_lang))
   if data_config.dataset != 'text':
