@@ -375,3 +375,23 @@ def test_measure_throughput(train_ids):
 def test_tests_never_use_the_home_tfds_folder():
   assert tfds.core.constants.DATA_DIR == os.environ['TFDS_DATA_DIR']
   assert not pathlib.Path(os.environ['TFDS_DATA_DIR']).is_relative_to(pathlib.Path.home() / 'tensorflow_datasets')
+
+
+def test_get_tokenizer_logs_validation_lines_that_do_not_round_trip(tmp_path, multi30k_dir, caplog):
+  en, de = (multi30k.read_lines(multi30k_dir / f'train.{lang}.gz')[:2000] for lang in ('en', 'de'))
+  files = {}
+  for split, (source, target) in {'train': (en, de), 'eval': (['a', 'b', 'c', 'd'],
+                                                               ['Er wartet…', 'gut', 'Nummer １２', 'ok'])}.items():
+    files[f'{split}_files'] = ','.join(write_text(tmp_path / f'{split}.{lang}', ''.join(f'{x}\n' for x in lines).encode())
+                                       for lang, lines in (('en', source), ('de', target)))
+  data = data_config(dataset='text', vocab_size=1000, **files)
+  with caplog.at_level(logging.INFO):
+    tokenizer = input_pipeline.get_tokenizer(data, str(tmp_path / 'run'))
+  assert tokenizer.normalization == 'nmt_nfkc'
+  assert ("Normalisation 'nmt_nfkc': 2 of 4 validation target lines (50.00%) do not round-trip" in caplog.text)
+  assert "line 1: 'Er wartet…' -> 'Er wartet...'" in caplog.text and "line 3: 'Nummer １２' -> 'Nummer 12'" in caplog.text
+  data.tokenizer_normalization = 'identity'
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    input_pipeline.get_tokenizer(data, str(tmp_path / 'identity'))
+  assert "Normalisation 'identity': 0 of 4 validation target lines (0.00%) do not round-trip" in caplog.text

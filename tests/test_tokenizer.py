@@ -145,3 +145,29 @@ def test_sample_is_seeded_and_skips_empty_lines():
   assert sample != tokenizer_lib.sample_sentences(sentences, 50, seed=1)
   assert sorted(sample, key=sentences.index) == sample  # Corpus order is kept.
   assert tokenizer_lib.sample_sentences(sentences, 1000, seed=0) == [s for s in sentences if s]
+
+
+CHANGED_BY_NFKC = ['Er wartet…', 'Nummer １２３', 'ﬁnden', 'x²']
+
+
+@pytest.mark.parametrize('normalization, changed', [('nmt_nfkc', [1, 2, 3, 4]), ('identity', [])])
+def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization, changed):
+  """nmt_nfkc folds '…', full-width digits, ligatures and superscripts; 'identity' keeps them (#16 item 8)."""
+  lines = ['Ein Mann läuft.'] + CHANGED_BY_NFKC
+  trained = []
+  tokenizer = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 2000), 1000,
+                                          normalization=normalization, on_trained=trained.append)
+  assert tokenizer.normalization == normalization and len(trained) == 1
+  assert tokenizer_lib.round_trip(tokenizer, lines) == changed
+  if normalization == 'nmt_nfkc':
+    assert tokenizer.decode(tokenizer.encode(CHANGED_BY_NFKC)) == ['Er wartet...', 'Nummer 123', 'finden', 'x2']
+  other = 'identity' if normalization == 'nmt_nfkc' else 'nmt_nfkc'
+  with pytest.raises(ValueError, match=f"trained with normalisation '{normalization}', not "
+                                       f"data.tokenizer_normalization='{other}'"):
+    tokenizer_lib.train_or_load(tmp_path, None, 1000, normalization=other)
+  assert len(trained) == 1  # Loading an existing file does not call on_trained.
+
+
+def test_unknown_normalization(tmp_path):
+  with pytest.raises(ValueError, match="data.tokenizer_normalization must be one of .*got 'nfc'"):
+    tokenizer_lib.train_or_load(tmp_path, None, 1000, normalization='nfc')

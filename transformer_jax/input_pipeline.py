@@ -111,14 +111,32 @@ def _text_files(data_config: Any, split: str) -> list[str]:
 
 
 def get_tokenizer(data_config: Any, workdir: str, process_index: int = 0) -> tokenizer_lib.Tokenizer:
-  """The shared vocabulary (Sec. 5.1) in workdir, trained on the train split's sources and targets if missing."""
+  """The shared vocabulary (Sec. 5.1) in workdir, trained on the train split's sources and targets if missing.
+
+  After training it logs how many validation target lines (data.eval_split) the vocabulary's normalisation
+  changes (encode -> decode != line; `tokenizer.round_trip`): BLEU scores the raw references.
+  """
   def sentences():
     source, target = load_split(data_config, data_config.train_split)
     return itertools.chain(source, target)
   return tokenizer_lib.train_or_load(
       workdir, sentences, data_config.vocab_size, model_type=data_config.tokenizer_model_type,
       max_sentences=data_config.tokenizer_train_sentences, seed=data_config.tokenizer_seed,
-      process_index=process_index)
+      normalization=data_config.tokenizer_normalization,
+      on_trained=lambda tokenizer: log_round_trip(tokenizer, data_config), process_index=process_index)
+
+
+def log_round_trip(tokenizer: tokenizer_lib.Tokenizer, data_config: Any) -> float:
+  """Logs (and returns) the fraction of validation target lines that do not round-trip, with a few examples."""
+  lines = load_split(data_config, data_config.eval_split)[1]
+  changed = tokenizer_lib.round_trip(tokenizer, lines)
+  fraction = len(changed) / max(len(lines), 1)
+  examples = '; '.join(f'line {i + 1}: {lines[i]!r} -> {tokenizer.decode(tokenizer.encode([lines[i]]))[0]!r}'
+                       for i in changed[:3])
+  logging.info('Normalisation %r: %d of %d %s target lines (%.2f%%) do not round-trip (decode(encode(line)) != '
+               'line; BLEU scores the raw lines)%s', tokenizer.normalization, len(changed), len(lines),
+               data_config.eval_split, 100 * fraction, f', e.g. {examples}.' if changed else '.')
+  return fraction
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,12 +11,16 @@ Special ids, fixed for every vocabulary trained here:
   UNK_ID = 3: unknown piece; not produced in practice, since byte fallback spells any character unseen in training
     as its UTF-8 bytes (pieces <0x00>..<0xFF>).
 
-Text normalisation policy: SentencePiece's default rule `nmt_nfkc` applies, as it does in tensor2tensor and flax's
-wmt example. `decode(encode(x)) == x` holds for any text in Unicode NFKC form without leading, trailing or
-repeated whitespace (accents, CJK, emoji and other characters unseen in training included). Otherwise the result
-is the normalised text: compatibility characters are folded ('ﬁ' -> 'fi', full-width 'Ａ' -> 'A') and whitespace is
-trimmed and collapsed to single spaces. Training sentences are normalised the same way, so this only changes
-text, never loses it. BLEU is computed against the raw references, not normalised ones.
+Text normalisation policy (`data.tokenizer_normalization`, one of NORMALIZATIONS, stored in the model file): by
+default SentencePiece's rule `nmt_nfkc`, as in tensor2tensor and flax's wmt example. `decode(encode(x)) == x` holds
+for any text in Unicode NFKC form without leading, trailing or repeated whitespace (accents, CJK, emoji and other
+characters unseen in training included). Otherwise the result is the normalised text: compatibility characters are
+folded ('ﬁ' -> 'fi', full-width 'Ａ' -> 'A', '…' -> '...') and whitespace is trimmed and collapsed to single spaces.
+Training sentences are normalised the same way, so this only changes text, never loses it. BLEU is computed against
+the raw references, not normalised ones, so a normalised character in a hypothesis can cost BLEU: `round_trip`
+counts the lines that change, and `input_pipeline.get_tokenizer` logs that count for the validation targets when it
+trains a vocabulary. 'identity' keeps every character (whitespace is still trimmed and collapsed); '*_cf' rules
+also fold case.
 """
 from collections.abc import Callable, Iterable, Sequence
 import io
@@ -27,11 +31,15 @@ from absl import logging
 from etils import epath
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2
 UNK_ID = 3
+
+# SentencePiece's built-in normalisation rules (normalization_rule_name).
+NORMALIZATIONS = ('nmt_nfkc', 'nfkc', 'nmt_nfkc_cf', 'nfkc_cf', 'identity')
 
 
 class Tokenizer:
@@ -51,11 +59,19 @@ class Tokenizer:
     if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
       raise ValueError(f'SentencePiece model has (pad, bos, eos, unk) ids {ids}; '
                        f'expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}.')
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_proto)
+    self._normalization = proto.normalizer_spec.name
 
   @classmethod
   def load(cls, path: str | os.PathLike[str]) -> 'Tokenizer':
     """Loads a `.model` file (local or any path `etils.epath` reads, such as gs://)."""
     return cls(epath.Path(path).read_bytes())
+
+  @property
+  def normalization(self) -> str:
+    """The model's normalisation rule, e.g. 'nmt_nfkc' (one of NORMALIZATIONS)."""
+    return self._normalization
 
   @property
   def vocab_size(self) -> int:
@@ -92,6 +108,20 @@ class Tokenizer:
     return self._processor.decode(kept)
 
 
+def round_trip(tokenizer: Tokenizer, lines: Sequence[str]) -> list[int]:
+  """Indices of the lines that `decode(encode(line))` changes (normalisation; see the module docstring).
+
+  Args:
+    tokenizer: the vocabulary.
+    lines: raw sentences, e.g. the validation targets that BLEU scores against.
+
+  Returns:
+    The 0-based indices of the lines that do not come back unchanged, in order.
+  """
+  decoded = tokenizer.decode(tokenizer.encode(list(lines)))
+  return [i for i, (line, back) in enumerate(zip(lines, decoded)) if line != back]
+
+
 def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int) -> list[str]:
   """A uniform sample of at most `max_sentences` of the non-empty sentences, in corpus order, chosen by `seed`.
 
@@ -115,7 +145,8 @@ def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int) ->
   return [kept[i] for i in chosen]
 
 
-def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sentences: int, seed: int) -> bytes:
+def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sentences: int, seed: int,
+           normalization: str) -> bytes:
   """Trains a SentencePiece model on a seeded sample of at most `max_sentences` sentences; returns its bytes."""
   sample = sample_sentences(sentences, max_sentences, seed)
   model = io.BytesIO()
@@ -127,6 +158,7 @@ def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sente
       model_type=model_type,
       pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
       byte_fallback=True,
+      normalization_rule_name=normalization,
       input_sentence_size=0,  # All of the sample: SentencePiece's own sampling is not reproducible.
       num_threads=os.cpu_count() or 1,
       minloglevel=1)
@@ -139,6 +171,8 @@ def train_or_load(workdir: str | os.PathLike[str],
                   model_type: str = 'bpe',
                   max_sentences: int = 2_000_000,
                   seed: int = 0,
+                  normalization: str = 'nmt_nfkc',
+                  on_trained: Callable[[Tokenizer], None] | None = None,
                   process_index: int = 0,
                   timeout_secs: float = 3600.0,
                   poll_secs: float = 1.0) -> Tokenizer:
@@ -155,6 +189,9 @@ def train_or_load(workdir: str | os.PathLike[str],
     model_type: 'bpe' (Sec. 5.1) or 'unigram'.
     max_sentences: at most this many non-empty sentences, sampled uniformly (`sample_sentences`), train the model.
     seed: chooses the sample (data.tokenizer_seed): the same sentences and seed give the same file, byte for byte.
+    normalization: SentencePiece's normalisation rule (data.tokenizer_normalization), one of NORMALIZATIONS. An
+      existing file must have been trained with it.
+    on_trained: called with the new Tokenizer on process 0 right after training (not when the file existed).
     process_index: this host's index (jax.process_index()).
     timeout_secs: how long a process other than 0 waits for the file, seconds.
     poll_secs: seconds between checks for the file.
@@ -163,8 +200,8 @@ def train_or_load(workdir: str | os.PathLike[str],
     The loaded Tokenizer.
 
   Raises:
-    ValueError: for an unknown model_type, a seed outside [0, 2**32), a non-positive vocab_size, or one the
-      corpus cannot fill or
+    ValueError: for an unknown model_type or normalization, a seed outside [0, 2**32), an existing file trained
+      with another normalization, a non-positive vocab_size, or one the corpus cannot fill or
       that is smaller than its characters plus the special and byte pieces (naming data.vocab_size).
     TimeoutError: if the file does not appear within timeout_secs on a process other than 0.
   """
@@ -172,6 +209,8 @@ def train_or_load(workdir: str | os.PathLike[str],
     raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
   if vocab_size <= 0:
     raise ValueError(f'vocab_size must be positive, got {vocab_size}.')
+  if normalization not in NORMALIZATIONS:
+    raise ValueError(f'data.tokenizer_normalization must be one of {NORMALIZATIONS}, got {normalization!r}.')
   if not isinstance(seed, int) or not 0 <= seed < 2**32:
     raise ValueError(f'data.tokenizer_seed must be an integer in [0, 2**32), got {seed!r}.')
   path = epath.Path(workdir) / f'spm_{vocab_size}.model'
@@ -179,7 +218,7 @@ def train_or_load(workdir: str | os.PathLike[str],
     texts = sentences()
     start = time.perf_counter()
     try:
-      proto = _train(texts, vocab_size, model_type, max_sentences, seed)
+      proto = _train(texts, vocab_size, model_type, max_sentences, seed, normalization)
     except RuntimeError as e:  # SentencePiece reports a size that does not fit the corpus as a RuntimeError.
       if 'ocabulary size' not in str(e):
         raise
@@ -188,13 +227,19 @@ def train_or_load(workdir: str | os.PathLike[str],
     tmp = path.parent / f'{path.name}.tmp-{os.getpid()}'
     tmp.write_bytes(proto)
     tmp.replace(path)
-    logging.info('Trained %s vocabulary of %d pieces in %.1f s: %s', model_type, vocab_size,
-                 time.perf_counter() - start, path)
+    logging.info('Trained %s vocabulary of %d pieces (normalisation %s) in %.1f s: %s', model_type, vocab_size,
+                 normalization, time.perf_counter() - start, path)
+    if on_trained is not None:
+      on_trained(Tokenizer(proto))
   deadline = time.monotonic() + timeout_secs
   while not path.exists():
     if time.monotonic() > deadline:
       raise TimeoutError(f'Process {process_index}: {path} did not appear within {timeout_secs} s '
                          '(process 0 trains it).')
     time.sleep(poll_secs)
-  return Tokenizer.load(path)
+  tokenizer = Tokenizer.load(path)
+  if tokenizer.normalization != normalization:
+    raise ValueError(f'{path} was trained with normalisation {tokenizer.normalization!r}, not '
+                     f'data.tokenizer_normalization={normalization!r}: use a new workdir, or the same setting.')
+  return tokenizer
 
