@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from transformer_jax import multi30k
+from transformer_jax import tfds_downloads
 from transformer_jax import tokenizer as tokenizer_lib
 
 Batch = dict[str, np.ndarray]
@@ -68,6 +69,8 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     ValueError: for unknown languages or splits, unaligned files, invalid UTF-8, or a Multi30k manual_dir that
       lacks a file of the language pair.
     FileNotFoundError: for a missing text file.
+    tfds_downloads.DownloadError: within seconds, when TFDS cannot download or verify a file it needs; the
+      message names the file and the ways to prepare the data by hand.
   """
   langs = (data_config.source_lang, data_config.target_lang)
   if data_config.dataset == 'text':
@@ -83,8 +86,9 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     if manual_dir:
       kwargs['download_and_prepare_kwargs'] = {
           'download_config': tfds.download.DownloadConfig(manual_dir=manual_dir)}
-  dataset, info = tfds.load(data_config.dataset, split=split, data_dir=data_config.tfds_data_dir or None,
-                            batch_size=65536, shuffle_files=False, with_info=True, **kwargs)
+  with tfds_downloads.fail_fast(data_config.dataset, data_config.tfds_data_dir or None):
+    dataset, info = tfds.load(data_config.dataset, split=split, data_dir=data_config.tfds_data_dir or None,
+                              batch_size=65536, shuffle_files=False, with_info=True, **kwargs)
   if not set(langs) <= set(info.features.keys()):
     raise ValueError(f'{data_config.dataset} has languages {sorted(info.features.keys())}, not {langs}.')
   columns = ([], [])

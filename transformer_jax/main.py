@@ -15,6 +15,8 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from transformer_jax import tfds_downloads
+
 MODES = ('train', 'evaluate', 'translate', 'summary', 'benchmark', 'compile')
 
 config_flags.DEFINE_config_file('config', None, 'Configuration file (configs/*.py).', lock_config=True)
@@ -72,4 +74,7 @@ def main(argv):
 
 if __name__ == '__main__':
   jax.config.config_with_absl()
-  app.run(main)
+  try:
+    app.run(main)
+  except tfds_downloads.DownloadError as error:  # One message, no traceback: the message says what to do.
+    raise SystemExit(f'DownloadError: {error}') from None
