@@ -223,8 +223,9 @@ def test_eval_batches_keep_every_line(tokenizer, multi30k_dir, caplog):
   with caplog.at_level(logging.WARNING):
     batches = input_pipeline.eval_batches(source, target, tokens_per_batch=2000, max_length=64,
                                           bucket_lengths=BUCKETS, batch_size_multiple=4)
-  assert 'Truncated 1 source sentences to max_length=64 tokens (EOS included); lines [11]' in caplog.text
-  assert 'Truncated 1 target sentences' in caplog.text and 'lines [21]' in caplog.text
+  assert 'Truncated 1 of 1014 source sentences to max_length=64 tokens (EOS included); lines [11]' in caplog.text
+  assert ('1 of 1014 evaluation lines longer than data.max_length=64 (EOS included) on the target side'
+          in caplog.text and 'Lines [21].' in caplog.text)
   rows = {}
   for batch in batches:
     size, length = batch['source_tokens'].shape
@@ -237,12 +238,13 @@ def test_eval_batches_keep_every_line(tokenizer, multi30k_dir, caplog):
         assert index not in rows
         rows[int(index)] = [tuple(part[part != 0]) for part in row]
   assert sorted(rows) == list(range(1014))
-  for index in range(1014):
+  for index in set(range(1014)) - {20}:
     expected_source = tuple(source[index][:63]) + (EOS,)
-    expected_target = tuple(target[index][:63]) + (EOS,)
+    expected_target = tuple(target[index]) + (EOS,)
     assert rows[index] == [expected_source, expected_target, (BOS,) + expected_target[:-1]]
   assert rows[5] == [(EOS,), (EOS,), (BOS,)]
-  assert len(rows[10][0]) == 64 and len(rows[20][1]) == 64
+  assert len(rows[10][0]) == 64
+  assert rows[20] == [tuple(source[20]) + (EOS,), (), ()]  # Too long a target: not cut, left out of the loss.
 
 
 def write_text(path: pathlib.Path, text: bytes) -> str:
@@ -395,3 +397,29 @@ def test_get_tokenizer_logs_validation_lines_that_do_not_round_trip(tmp_path, mu
   with caplog.at_level(logging.INFO):
     input_pipeline.get_tokenizer(data, str(tmp_path / 'identity'))
   assert "Normalisation 'identity': 0 of 4 validation target lines (0.00%) do not round-trip" in caplog.text
+
+
+def test_overlong_evaluation_targets_are_left_out_of_the_loss_not_cut(caplog):
+  """#16 item 10: cut to max_length, a target ends in an EOS the reference lacks, and the loss scores it."""
+  source = [[5, 6], [7] * 20, [8, 9], [5]]
+  target = [[10] * 20, [11, 12], [13], [14] * 7]  # Line 1 is too long (21 > 8 with EOS); line 4 just fits.
+  with caplog.at_level(logging.WARNING):
+    batches = input_pipeline.eval_batches(source, target, tokens_per_batch=64, max_length=8, bucket_lengths=(8,))
+  assert '1 of 4 evaluation lines longer than data.max_length=8 (EOS included) on the target side: left out of ' \
+         'the validation loss' in caplog.text and 'Lines [1].' in caplog.text
+  assert 'Truncated 1 of 4 source sentences to max_length=8 tokens (EOS included); lines [2].' in caplog.text
+  rows = {}
+  for batch in batches:
+    for index, *row in zip(batch['example_index'], batch['source_tokens'], batch['target_tokens'],
+                           batch['decoder_input_tokens']):
+      rows[int(index)] = [list(part[part != 0]) for part in row]
+  assert rows[0] == [[5, 6, EOS], [], []]  # Still translated; no target token weighs in the loss.
+  assert rows[1] == [[7] * 7 + [EOS], [11, 12, EOS], [BOS, 11, 12]]  # A long source is cut, as before.
+  assert rows[3] == [[5, EOS], [14] * 7 + [EOS], [BOS] + [14] * 7]
+  weights = sum(int((batch['target_tokens'] != 0).sum()) for batch in batches)
+  assert weights == 3 + 2 + 8
+
+
+def test_few_line_numbers_then_a_count():
+  assert input_pipeline._few(np.arange(1, 3)) == '[1, 2]'
+  assert input_pipeline._few(np.arange(1, 2001)) == '[1, 2, 3, 4, 5] and 1995 more'

@@ -165,6 +165,12 @@ class Ragged:
   def __getitem__(self, index: int) -> np.ndarray:
     return self.values[self.offsets[index]:self.offsets[index + 1]]
 
+  def select(self, keep: np.ndarray) -> 'Ragged':
+    """The same sequences, with those where bool `keep` [num_sequences] is False made empty."""
+    lengths = np.where(keep, self.lengths, 0)
+    values = self.values[np.repeat(keep, self.lengths)]
+    return Ragged(values, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
   def truncate(self, max_tokens: int) -> 'Ragged':
     """Keeps the first max_tokens ids of every sequence."""
     lengths = self.lengths
@@ -459,13 +465,36 @@ class TrainIterator:
                shuffle_seed=data_config.shuffle_seed, **kwargs)
 
 
+def _few(lines: np.ndarray, shown: int = 5) -> str:
+  """1-based line numbers, the first few then a count: '[3, 9]' or '[3, 9, 12, 20, 41] and 7 more'."""
+  more = f' and {len(lines) - shown} more' if len(lines) > shown else ''
+  return f'{lines[:shown].tolist()}{more}'
+
+
 def _truncate(ids: Ragged, max_length: int, side: str) -> Ragged:
-  """Cuts sequences to max_length - 1 ids (max_length with EOS), logging the 1-based line numbers cut."""
+  """Cuts sequences to max_length - 1 ids (max_length with EOS), logging how many (and the first lines) it cut."""
   lines = np.flatnonzero(ids.lengths > max_length - 1) + 1
   if len(lines):
-    logging.warning('Truncated %d %s sentences to max_length=%d tokens (EOS included); lines %s.',
-                    len(lines), side, max_length, lines.tolist())
+    logging.warning('Truncated %d of %d %s sentences to max_length=%d tokens (EOS included); lines %s.',
+                    len(lines), len(ids), side, max_length, _few(lines))
   return ids.truncate(max_length - 1)
+
+
+def _without_long_targets(target: Ragged, max_length: int) -> tuple[Ragged, np.ndarray]:
+  """(target with the sequences longer than max_length - 1 ids emptied, bool [num_sequences]: which).
+
+  Cut to max_length, such a target would end in an EOS the reference does not have there, and its loss would
+  score that premature EOS. `eval_batches` gives its row no target token (not even EOS), so it weighs 0 in the
+  loss; its source is still batched, so translation and BLEU keep every line.
+  """
+  long = target.lengths > max_length - 1
+  if not long.any():
+    return target, long
+  logging.warning('%d of %d evaluation lines longer than data.max_length=%d (EOS included) on the target side: '
+                  'left out of the validation loss (a cut target would score a premature EOS); their sources '
+                  'are still translated. Lines %s.', long.sum(), len(target), max_length,
+                  _few(np.flatnonzero(long) + 1))
+  return target.select(~long), long
 
 
 def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length: int,
@@ -474,9 +503,11 @@ def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length:
   """Evaluation batches of a whole split: every pair once, empty ones included, none packed.
 
   Pairs are grouped by bucket (as in training) in their original order; example_index gives each row's index in
-  `source` (-1 for the padding rows that complete a bucket's last batch). Sentences longer than max_length
-  tokens (EOS included) are cut to it, keeping EOS last; their line numbers are logged. Arguments as for
-  `TrainIterator`.
+  `source` (-1 for the padding rows that complete a bucket's last batch). Sources longer than max_length tokens
+  (EOS included) are cut to it, keeping EOS last. Targets longer than that are left out of the teacher-forced
+  loss rather than cut (cut, they would end in a premature EOS): their rows get an empty target (all PAD_ID,
+  no EOS), which weighs 0, while the source stays, so every line is still translated. Both counts are logged
+  ("N of M evaluation lines longer than data.max_length=..."). Arguments as for `TrainIterator`.
 
   Returns:
     This host's rows of each global batch.
@@ -484,7 +515,8 @@ def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length:
   source, target = as_ragged(source), as_ragged(target)
   if len(source) != len(target):
     raise ValueError(f'{len(source)} source sentences but {len(target)} target sentences.')
-  source, target = _truncate(source, max_length, 'source'), _truncate(target, max_length, 'target')
+  source = _truncate(source, max_length, 'source')
+  target, long_target = _without_long_targets(target, max_length)
   buckets = bucket_lengths_for(bucket_lengths, max_length)
   bucket_of = np.searchsorted(buckets, np.maximum(source.lengths, target.lengths) + 1)
   batches = []
@@ -494,6 +526,8 @@ def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length:
     members = np.flatnonzero(bucket_of == bucket)
     for pairs in np.split(members, np.arange(batch_size, len(members), batch_size)):
       batch = _make_batch(source, target, pairs, _unpacked(len(pairs)), (batch_size, length), packed=False)
+      for key in ('target_tokens', 'decoder_input_tokens'):  # No EOS either: these rows weigh 0 in the loss.
+        batch[key][:len(pairs)][long_target[pairs]] = 0
       batch['example_index'] = np.pad(pairs, (0, batch_size - len(pairs)), constant_values=-1).astype(np.int32)
       batches.append(_host_slice(batch, process_index, process_count))
   return batches
