@@ -141,3 +141,10 @@ def test_builder_config_is_tied_to_the_files(tmp_path):
   builder = tfds.builder('multi30k', data_dir=str(tmp_path / 'tfds'), config=config)  # Made for the old files.
   with pytest.raises(ValueError, match=r'are not those of builder config .de-en-files-'):
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
+
+
+def test_no_custom_config_warning(tmp_path, caplog):
+  manual_dir = small_manual_dir(tmp_path / 'manual')
+  with caplog.at_level('INFO'):
+    prepare(tmp_path / 'tfds', manual_dir)
+  assert 'Using custom data configuration' not in caplog.text

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import dataclasses
 import gzip
 import hashlib
+import logging
 import os
 
 from etils import epath
@@ -174,6 +175,21 @@ def builder_config(languages: Sequence[str], manual_dir: str | os.PathLike[str] 
   listing = ', '.join(f'{name} ({size:,} bytes)' for name, size in sizes.items())
   return Multi30kConfig(name=f'{"-".join(languages)}-files-{digest[:16]}', version=Multi30k.VERSION,
                         languages=languages, files_sha256=digest, description=f'{listing} in {manual_dir}')
+
+
+class _QuietCustomConfig(logging.Filter):
+  """Drops TFDS's warning 'Using custom data configuration: Multi30kConfig(...)', logged at every load.
+
+  Every Multi30k config is made at run time (`builder_config`), so the warning says nothing; load_split logs
+  what was read instead.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.msg == 'Using custom data configuration: %s' and isinstance(record.args, tuple)
+                and record.args and isinstance(record.args[0], Multi30kConfig))
+
+
+logging.getLogger('absl').addFilter(_QuietCustomConfig())
 
 
 def _manual_dir(dl_manager: tfds.download.DownloadManager) -> epath.Path | None:
