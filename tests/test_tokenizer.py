@@ -171,3 +171,16 @@ def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization
 def test_unknown_normalization(tmp_path):
   with pytest.raises(ValueError, match="data.tokenizer_normalization must be one of .*got 'nfc'"):
     tokenizer_lib.train_or_load(tmp_path, None, 1000, normalization='nfc')
+
+
+@pytest.mark.parametrize('key, value, match', [
+    ('tokenizer_normalization', 'nfc', r"data.tokenizer_normalization must be one of \('nmt_nfkc', .*got 'nfc'"),
+    ('tokenizer_seed', -1, r'data.tokenizer_seed must be an integer in \[0, 2\*\*32\), got -1'),
+])
+def test_config_checks_the_tokenizer_fields_at_start_up(key, value, match):
+  from configs import base  # pylint: disable=g-import-not-at-top
+  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.data[key] = value
+  with pytest.raises(ValueError, match=match):
+    experiment.validate_config(config)

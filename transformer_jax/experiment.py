@@ -197,6 +197,10 @@ def _validate_data(data_cfg) -> None:
            data_cfg.tokenizer_model_type, "one of ('bpe', 'unigram')")
   _require(data_cfg.source_lang != data_cfg.target_lang, 'data.target_lang', data_cfg.target_lang,
            f'different from data.source_lang={data_cfg.source_lang!r}')
+  _require(data_cfg.tokenizer_normalization in tokenizer_lib.NORMALIZATIONS, 'data.tokenizer_normalization',
+           data_cfg.tokenizer_normalization, f'one of {tokenizer_lib.NORMALIZATIONS}')
+  _require(isinstance(data_cfg.tokenizer_seed, int) and 0 <= data_cfg.tokenizer_seed < 2**32, 'data.tokenizer_seed',
+           data_cfg.tokenizer_seed, 'an integer in [0, 2**32)')
 
 
 def check_data_files(data_config, splits) -> None:
