@@ -333,6 +333,12 @@ def test_load_split_multi30k_reads_the_manual_dir_given(tmp_path, multi30k_dir, 
       assert len(input_pipeline.load_split(data, 'train')[0]) == 500
     assert f'of multi30k from {tfds_data_dir}/multi30k/de-en-files-' in caplog.text
   assert len(list((tfds_dir / 'multi30k').iterdir())) == 2
+  # A folder whose English training file alone was cut is prepared, so the line-count check sees it.
+  mismatched = shutil.copytree(tmp_path / 'first', tmp_path / 'mismatched')
+  shutil.copy(tmp_path / 'cut' / 'train.en.gz', mismatched / 'train.en.gz')
+  data = data_config(dataset='multi30k', manual_dir=str(mismatched), tfds_data_dir=str(tfds_dir))
+  with pytest.raises(ValueError, match=r'train\.de\.gz has 1000, .*train\.en\.gz has 500'):
+    input_pipeline.load_split(data, 'train')
 
 
 def test_multi30k_needs_only_the_language_pair(tmp_path, multi30k_dir):
