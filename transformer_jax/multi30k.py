@@ -5,7 +5,8 @@ end-to-end runs of the Sec. 5.1 pipeline. The builder is defined here, inside th
 finds the module of a custom `GeneratorBasedBuilder` offline when it lives in a package (see ENVIRONMENT.md).
 Importing this module registers the name 'multi30k' with TFDS.
 
-Features: {'en', 'de', 'fr'}: tfds.features.Text, one sentence each. Splits:
+Features: one tfds.features.Text per language of the config (all of 'en', 'de', 'fr' without one), one sentence
+each. Splits:
   train: train.{lang}.gz (29,000 lines); validation: val.{lang}.gz (1,014); test: test_2016_flickr.{lang}.gz (1,000).
 Examples keep the order of the files (shuffling is disabled), so example i is line i + 1 of every file.
 
@@ -14,7 +15,8 @@ The raw files are downloaded from the multi30k/dataset GitHub repository, or rea
 config (`builder_config`) names the languages and, for a manual folder, a digest of the files' names, sizes and
 SHA-256 hashes, and TFDS prepares every config into its own folder (<data_dir>/multi30k/<config name>/1.0.0). So a
 folder with other files (a training file cut to 500 lines, say) prepares anew instead of reading data prepared
-from another folder; the builder refuses a manual folder whose files no longer match its config.
+from another folder; the builder refuses a manual folder whose files no longer match its config. A downloaded
+preparation ('<langs>-download') is tied to the URLs only: delete its folder to download the files again.
 
   config = multi30k.builder_config(('de', 'en'), manual_dir=FOLDER)
   tfds.load('multi30k', builder_kwargs={'config': config}, download_and_prepare_kwargs={'download_config':
@@ -145,7 +147,7 @@ class Multi30kConfig(tfds.core.BuilderConfig):
   """What one preparation of Multi30k is made from (see `builder_config`).
 
   Attributes:
-    languages: sorted language codes, e.g. ('de', 'en'); the examples have these features.
+    languages: language codes, e.g. ('de', 'en') (sorted by `builder_config`); the examples have these features.
     files_sha256: `files_digest` of the manual folder's files; '' when the files are downloaded.
   """
   languages: tuple[str, ...] = LANGUAGES
