@@ -64,6 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
       vocab_size=37000,                 # §5.1: shared source-target BPE of about 37,000 tokens.
       tokenizer_model_type='bpe',
       tokenizer_train_sentences=2_000_000,  # Sentences (source + target) sampled to train the vocabulary.
+      tokenizer_seed=0,                 # Chooses that sample: same corpus and seed, same vocabulary file.
+      tokenizer_normalization='nmt_nfkc',  # SentencePiece's rule; 'identity' keeps '…', full-width digits, ligatures.
       tokens_per_batch=25_000,          # §5.1: ~25,000 source and ~25,000 target tokens per batch.
       max_length=256,                   # Longer training pairs are skipped; longer eval sources truncated.
       bucket_lengths=(8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256),

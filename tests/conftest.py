@@ -1,9 +1,18 @@
-"""Shared fixtures. XLA_FLAGS is set before jax is imported so that sharding tests see 8 CPU devices."""
+"""Shared fixtures. XLA_FLAGS is set before jax is imported so that sharding tests see 8 CPU devices.
+
+TFDS_DATA_DIR points at a temporary folder (TFDS reads it when imported), so that tests never read or write
+~/tensorflow_datasets, and a test that forgets data_dir cannot read data prepared by a real run.
+"""
+import atexit
 import os
 import pathlib
+import shutil
+import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ['TFDS_DATA_DIR'] = tempfile.mkdtemp(prefix='tfds_tests_')
+atexit.register(shutil.rmtree, os.environ['TFDS_DATA_DIR'], True)
 
 import jax  # pylint: disable=g-import-not-at-top
 from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top

@@ -4,6 +4,7 @@ import gzip
 import importlib.util
 import json
 import logging
+import os
 import pathlib
 import shutil
 import socket
@@ -222,8 +223,9 @@ def test_eval_batches_keep_every_line(tokenizer, multi30k_dir, caplog):
   with caplog.at_level(logging.WARNING):
     batches = input_pipeline.eval_batches(source, target, tokens_per_batch=2000, max_length=64,
                                           bucket_lengths=BUCKETS, batch_size_multiple=4)
-  assert 'Truncated 1 source sentences to max_length=64 tokens (EOS included); lines [11]' in caplog.text
-  assert 'Truncated 1 target sentences' in caplog.text and 'lines [21]' in caplog.text
+  assert 'Truncated 1 of 1014 source sentences to max_length=64 tokens (EOS included); lines [11]' in caplog.text
+  assert ('1 of 1014 evaluation lines longer than data.max_length=64 (EOS included) on the target side'
+          in caplog.text and 'Lines [21].' in caplog.text)
   rows = {}
   for batch in batches:
     size, length = batch['source_tokens'].shape
@@ -236,12 +238,13 @@ def test_eval_batches_keep_every_line(tokenizer, multi30k_dir, caplog):
         assert index not in rows
         rows[int(index)] = [tuple(part[part != 0]) for part in row]
   assert sorted(rows) == list(range(1014))
-  for index in range(1014):
+  for index in set(range(1014)) - {20}:
     expected_source = tuple(source[index][:63]) + (EOS,)
-    expected_target = tuple(target[index][:63]) + (EOS,)
+    expected_target = tuple(target[index]) + (EOS,)
     assert rows[index] == [expected_source, expected_target, (BOS,) + expected_target[:-1]]
   assert rows[5] == [(EOS,), (EOS,), (BOS,)]
-  assert len(rows[10][0]) == 64 and len(rows[20][1]) == 64
+  assert len(rows[10][0]) == 64
+  assert rows[20] == [tuple(source[20]) + (EOS,), (), ()]  # Too long a target: not cut, left out of the loss.
 
 
 def write_text(path: pathlib.Path, text: bytes) -> str:
@@ -249,12 +252,14 @@ def write_text(path: pathlib.Path, text: bytes) -> str:
   return str(path)
 
 
-def test_load_split_text_files(tmp_path):
+def test_load_split_text_files(tmp_path, caplog):
   train = write_text(tmp_path / 'train.en', 'A dog.\n\nA café.\n'.encode())
   train_de = write_text(tmp_path / 'train.de.gz', 'Ein Hund.\n\nEin Café.\n'.encode())
   eval_en, eval_de = write_text(tmp_path / 'e.en', b'x\n'), write_text(tmp_path / 'e.de', b'y\n')
   data = data_config(dataset='text', train_files=f'{train},{train_de}', eval_files=f'{eval_en}, {eval_de}')
-  assert input_pipeline.load_split(data, 'train') == (['A dog.', '', 'A café.'], ['Ein Hund.', '', 'Ein Café.'])
+  with caplog.at_level(logging.INFO):
+    assert input_pipeline.load_split(data, 'train') == (['A dog.', '', 'A café.'], ['Ein Hund.', '', 'Ein Café.'])
+  assert f"Read 3 pairs of split 'train' from {train}, {train_de}." in caplog.text
   assert input_pipeline.load_split(data, 'validation') == (['x'], ['y'])
   with pytest.raises(ValueError, match="Split 'test' of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH'"):
     input_pipeline.load_split(data, 'test')
@@ -292,6 +297,66 @@ def test_load_split_multi30k(tmp_path, multi30k_dir):
     input_pipeline.load_split(data, 'validation')
 
 
+def cut_corpus(folder: pathlib.Path, multi30k_dir: pathlib.Path, train_lines: int, languages=('en', 'de', 'fr')):
+  """A copy of the corpus for `languages` with the training files cut to their first `train_lines` lines."""
+  folder.mkdir()
+  for name in multi30k.file_names(languages):
+    if name.startswith('train'):
+      lines = multi30k.read_lines(multi30k_dir / name)[:train_lines]
+      write_text(folder / name, ''.join(f'{line}\n' for line in lines).encode())
+    else:
+      shutil.copy(multi30k_dir / name, folder / name)
+  return folder
+
+
+def test_load_split_multi30k_reads_the_manual_dir_given(tmp_path, multi30k_dir, caplog):
+  """A second manual_dir with other files is prepared anew, not read from the first one's cache (#14 item 1)."""
+  tfds_dir = tmp_path / 'tfds'
+  for folder, lines in (('first', 1000), ('cut', 500)):
+    manual_dir = cut_corpus(tmp_path / folder, multi30k_dir, lines)
+    data = data_config(dataset='multi30k', manual_dir=str(manual_dir), tfds_data_dir=str(tfds_dir))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      source, target = input_pipeline.load_split(data, 'train')
+    assert len(source) == len(target) == lines
+    assert source == multi30k.read_lines(multi30k_dir / 'train.en.gz')[:lines]
+    assert f"Read {lines} pairs of split 'train' of multi30k from {tfds_dir}/multi30k/de-en-files-" in caplog.text
+    assert f'train.en.gz ({(manual_dir / "train.en.gz").stat().st_size:,} bytes)' in caplog.text
+    assert str(manual_dir) in caplog.text
+  # The same files in another folder are the same data (same config), prepared once per tfds_data_dir.
+  copy = shutil.copytree(tmp_path / 'cut', tmp_path / 'copy')
+  other_tfds = tmp_path / 'other_tfds'
+  for tfds_data_dir in (tfds_dir, other_tfds):
+    caplog.clear()
+    data = data_config(dataset='multi30k', manual_dir=str(copy), tfds_data_dir=str(tfds_data_dir))
+    with caplog.at_level(logging.INFO):
+      assert len(input_pipeline.load_split(data, 'train')[0]) == 500
+    assert f'of multi30k from {tfds_data_dir}/multi30k/de-en-files-' in caplog.text
+  assert len(list((tfds_dir / 'multi30k').iterdir())) == 2
+  # A folder whose English training file alone was cut is prepared, so the line-count check sees it.
+  mismatched = shutil.copytree(tmp_path / 'first', tmp_path / 'mismatched')
+  shutil.copy(tmp_path / 'cut' / 'train.en.gz', mismatched / 'train.en.gz')
+  data = data_config(dataset='multi30k', manual_dir=str(mismatched), tfds_data_dir=str(tfds_dir))
+  with pytest.raises(ValueError, match=r'train\.de\.gz has 1000, .*train\.en\.gz has 500'):
+    input_pipeline.load_split(data, 'train')
+
+
+def test_multi30k_needs_only_the_language_pair(tmp_path, multi30k_dir):
+  """An en->de run reads a folder without the French files; a missing file of the pair is named (#14 item 15)."""
+  manual_dir = cut_corpus(tmp_path / 'manual', multi30k_dir, 20, languages=('en', 'de'))
+  data = data_config(dataset='multi30k', manual_dir=str(manual_dir), tfds_data_dir=str(tmp_path / 'tfds'))
+  source, target = input_pipeline.load_split(data, 'validation')
+  assert target == multi30k.read_lines(multi30k_dir / 'val.de.gz') and len(source) == 1014
+  (manual_dir / 'test_2016_flickr.de.gz').unlink()
+  for load in (lambda: input_pipeline.load_split(data, 'test'), lambda: multi30k.check_manual_dir(manual_dir, ('en', 'de'))):
+    with pytest.raises(ValueError, match=r'lacks test_2016_flickr\.de\.gz\. For languages en-de it needs: ') as error:
+      load()
+    assert 'fr' not in str(error.value)
+  data.target_lang = 'fr'
+  with pytest.raises(ValueError, match=r'lacks train\.fr\.gz, val\.fr\.gz, test_2016_flickr\.fr\.gz'):
+    input_pipeline.load_split(data, 'train')
+
+
 def test_load_split_multi30k_manual_dir_lacks_files(tmp_path):
   data = data_config(dataset='multi30k', manual_dir=str(tmp_path), tfds_data_dir=str(tmp_path / 'tfds'))
   with pytest.raises(ValueError, match='lacks train.en.gz, train.de.gz'):
@@ -313,3 +378,54 @@ def test_measure_throughput(train_ids):
   stats = input_pipeline.measure_throughput(make_iterator(train_ids), 5)
   assert stats['batches_per_sec'] > 0 and stats['tokens_per_sec'] > 0
   assert 0 < stats['padding_fraction'] < 1 and 1 <= stats['distinct_shapes'] <= 5
+
+
+def test_tests_never_use_the_home_tfds_folder():
+  assert tfds.core.constants.DATA_DIR == os.environ['TFDS_DATA_DIR']
+  assert not pathlib.Path(os.environ['TFDS_DATA_DIR']).is_relative_to(pathlib.Path.home() / 'tensorflow_datasets')
+
+
+def test_get_tokenizer_logs_validation_lines_that_do_not_round_trip(tmp_path, multi30k_dir, caplog):
+  en, de = (multi30k.read_lines(multi30k_dir / f'train.{lang}.gz')[:2000] for lang in ('en', 'de'))
+  files = {}
+  for split, (source, target) in {'train': (en, de), 'eval': (['a', 'b', 'c', 'd'],
+                                                               ['Er wartet…', 'gut', 'Nummer １２', 'ok'])}.items():
+    files[f'{split}_files'] = ','.join(write_text(tmp_path / f'{split}.{lang}', ''.join(f'{x}\n' for x in lines).encode())
+                                       for lang, lines in (('en', source), ('de', target)))
+  data = data_config(dataset='text', vocab_size=1000, **files)
+  with caplog.at_level(logging.INFO):
+    tokenizer = input_pipeline.get_tokenizer(data, str(tmp_path / 'run'))
+  assert tokenizer.normalization == 'nmt_nfkc'
+  assert ("Normalisation 'nmt_nfkc': 2 of 4 validation target lines (50.00%) do not round-trip" in caplog.text)
+  assert "line 1: 'Er wartet…' -> 'Er wartet...'" in caplog.text and "line 3: 'Nummer １２' -> 'Nummer 12'" in caplog.text
+  data.tokenizer_normalization = 'identity'
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    input_pipeline.get_tokenizer(data, str(tmp_path / 'identity'))
+  assert "Normalisation 'identity': 0 of 4 validation target lines (0.00%) do not round-trip" in caplog.text
+
+
+def test_overlong_evaluation_targets_are_left_out_of_the_loss_not_cut(caplog):
+  """#16 item 10: cut to max_length, a target ends in an EOS the reference lacks, and the loss scores it."""
+  source = [[5, 6], [7] * 20, [8, 9], [5]]
+  target = [[10] * 20, [11, 12], [13], [14] * 7]  # Line 1 is too long (21 > 8 with EOS); line 4 just fits.
+  with caplog.at_level(logging.WARNING):
+    batches = input_pipeline.eval_batches(source, target, tokens_per_batch=64, max_length=8, bucket_lengths=(8,))
+  assert '1 of 4 evaluation lines longer than data.max_length=8 (EOS included) on the target side: left out of ' \
+         'the validation loss' in caplog.text and 'Lines [1].' in caplog.text
+  assert 'Truncated 1 of 4 source sentences to max_length=8 tokens (EOS included); lines [2].' in caplog.text
+  rows = {}
+  for batch in batches:
+    for index, *row in zip(batch['example_index'], batch['source_tokens'], batch['target_tokens'],
+                           batch['decoder_input_tokens']):
+      rows[int(index)] = [list(part[part != 0]) for part in row]
+  assert rows[0] == [[5, 6, EOS], [], []]  # Still translated; no target token weighs in the loss.
+  assert rows[1] == [[7] * 7 + [EOS], [11, 12, EOS], [BOS, 11, 12]]  # A long source is cut, as before.
+  assert rows[3] == [[5, EOS], [14] * 7 + [EOS], [BOS] + [14] * 7]
+  weights = sum(int((batch['target_tokens'] != 0).sum()) for batch in batches)
+  assert weights == 3 + 2 + 8
+
+
+def test_few_line_numbers_then_a_count():
+  assert input_pipeline._few(np.arange(1, 3)) == '[1, 2]'
+  assert input_pipeline._few(np.arange(1, 2001)) == '[1, 2, 3, 4, 5] and 1995 more'

@@ -16,8 +16,8 @@ def write(path: pathlib.Path, data: bytes) -> pathlib.Path:
   return path
 
 
-def prepare(data_dir: pathlib.Path, manual_dir: pathlib.Path) -> tfds.core.DatasetBuilder:
-  builder = tfds.builder('multi30k', data_dir=str(data_dir))
+def prepare(data_dir: pathlib.Path, manual_dir: pathlib.Path, languages=multi30k.LANGUAGES) -> tfds.core.DatasetBuilder:
+  builder = tfds.builder('multi30k', data_dir=str(data_dir), config=multi30k.builder_config(languages, manual_dir))
   builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
   return builder
 
@@ -75,7 +75,7 @@ def test_builder_manual_dir_missing_files(tmp_path):
   write(manual_dir / 'train.en.gz', b'a\n')
   with pytest.raises(ValueError, match='lacks train.de.gz') as error:
     prepare(tmp_path / 'tfds', manual_dir)
-  assert 'It needs these files: train.en.gz, train.de.gz' in str(error.value)
+  assert 'For languages en-de-fr it needs: train.en.gz, train.de.gz' in str(error.value)
 
 
 def test_builder_unequal_lines(tmp_path):
@@ -124,3 +124,27 @@ def test_builder_real_corpus(tmp_path, multi30k_dir):
   assert (splits['train'].num_examples, splits['validation'].num_examples, splits['test'].num_examples) == (
       29000, 1014, 1000)
   assert_split_matches_files(builder, 'train', 'train', multi30k_dir)
+
+
+def test_builder_config_is_tied_to_the_files(tmp_path):
+  manual_dir = small_manual_dir(tmp_path / 'manual')
+  config = multi30k.builder_config(('en', 'de'), manual_dir)
+  assert config.name == multi30k.builder_config(('de', 'en'), manual_dir).name
+  assert config.name.startswith('de-en-files-') and len(config.files_sha256) == 64
+  assert 'train.en.gz (' in config.description and str(manual_dir) in config.description
+  assert multi30k.builder_config(('en', 'de')).name == 'de-en-download'
+  write(manual_dir / 'val.de.gz', b'eine andere Zeile\nund noch eine\n')
+  changed = multi30k.builder_config(('en', 'de'), manual_dir)
+  assert changed.name != config.name
+  write(manual_dir / 'train.fr.gz', b'ignored\n')  # Not a file of the pair: same data.
+  assert multi30k.builder_config(('en', 'de'), manual_dir).name == changed.name
+  builder = tfds.builder('multi30k', data_dir=str(tmp_path / 'tfds'), config=config)  # Made for the old files.
+  with pytest.raises(ValueError, match=r'are not those of builder config .de-en-files-'):
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
+
+
+def test_no_custom_config_warning(tmp_path, caplog):
+  manual_dir = small_manual_dir(tmp_path / 'manual')
+  with caplog.at_level('INFO'):
+    prepare(tmp_path / 'tfds', manual_dir)
+  assert 'Using custom data configuration' not in caplog.text

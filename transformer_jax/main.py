@@ -26,6 +26,8 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from transformer_jax import tfds_downloads
+
 MODES = ('train', 'evaluate', 'translate', 'summary', 'benchmark', 'compile', 'config')
 
 config_flags.DEFINE_config_file('config', None, 'Configuration file (configs/*.py[:argument]); default: the '
@@ -153,4 +155,7 @@ def _print_help_and_exit(argv: list[str]) -> None:
 if __name__ == '__main__':
   _print_help_and_exit(sys.argv)
   jax.config.config_with_absl()
-  app.run(main, argv=prepare_argv(sys.argv))
+  try:
+    app.run(main, argv=prepare_argv(sys.argv))
+  except tfds_downloads.DownloadError as error:  # One message, no traceback: the message says what to do.
+    raise SystemExit(f'DownloadError: {error}') from None

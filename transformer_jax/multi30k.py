@@ -5,16 +5,30 @@ end-to-end runs of the Sec. 5.1 pipeline. The builder is defined here, inside th
 finds the module of a custom `GeneratorBasedBuilder` offline when it lives in a package (see ENVIRONMENT.md).
 Importing this module registers the name 'multi30k' with TFDS.
 
-Features: {'en', 'de', 'fr'}: tfds.features.Text, one sentence each. Splits:
+Features: one tfds.features.Text per language of the config (all of 'en', 'de', 'fr' without one), one sentence
+each. Splits:
   train: train.{lang}.gz (29,000 lines); validation: val.{lang}.gz (1,014); test: test_2016_flickr.{lang}.gz (1,000).
 Examples keep the order of the files (shuffling is disabled), so example i is line i + 1 of every file.
 
 The raw files are downloaded from the multi30k/dataset GitHub repository, or read from a manual folder holding the
-nine {split}.{lang}.gz files: `tfds.load('multi30k', download_and_prepare_kwargs={'download_config':
-tfds.download.DownloadConfig(manual_dir=FOLDER)})`. `input_pipeline.load_split` does this from `data.manual_dir`.
+{split}.{lang}.gz files of the languages asked for. Each preparation is tied to what it was made from: the builder
+config (`builder_config`) names the languages and, for a manual folder, a digest of the files' names, sizes and
+SHA-256 hashes, and TFDS prepares every config into its own folder (<data_dir>/multi30k/<config name>/1.0.0). So a
+folder with other files (a training file cut to 500 lines, say) prepares anew instead of reading data prepared
+from another folder; the builder refuses a manual folder whose files no longer match its config. A downloaded
+preparation ('<langs>-download') is tied to the URLs only: delete its folder to download the files again.
+
+  config = multi30k.builder_config(('de', 'en'), manual_dir=FOLDER)
+  tfds.load('multi30k', builder_kwargs={'config': config}, download_and_prepare_kwargs={'download_config':
+            tfds.download.DownloadConfig(manual_dir=FOLDER)})
+
+`input_pipeline.load_split` does this from `data.manual_dir`, `data.source_lang` and `data.target_lang`.
 """
 from collections.abc import Sequence
+import dataclasses
 import gzip
+import hashlib
+import logging
 import os
 
 from etils import epath
@@ -32,9 +46,9 @@ _CITATION = """@inproceedings{elliott-etal-2016-multi30k,
   pages = {70--74}}"""
 
 
-def file_names() -> list[str]:
-  """The nine raw file names the builder needs, e.g. 'train.en.gz'."""
-  return [f'{stem}.{lang}.gz' for stem in SPLIT_STEMS.values() for lang in LANGUAGES]
+def file_names(languages: Sequence[str] = LANGUAGES) -> list[str]:
+  """The raw file names the builder needs for `languages` (by default all nine), e.g. 'train.en.gz'."""
+  return [f'{stem}.{lang}.gz' for stem in SPLIT_STEMS.values() for lang in languages]
 
 
 def read_lines(path: str | os.PathLike[str]) -> list[str]:
@@ -90,13 +104,94 @@ def read_parallel(paths: Sequence[str | os.PathLike[str]]) -> list[list[str]]:
   return columns
 
 
-def check_manual_dir(manual_dir: str | os.PathLike[str]) -> None:
-  """Raises ValueError, listing the file names needed and those missing, if `manual_dir` lacks any of them."""
-  manual_dir = epath.Path(manual_dir)
-  missing = [name for name in file_names() if not (manual_dir / name).exists()]
+def check_languages(languages: Sequence[str]) -> tuple[str, ...]:
+  """The distinct languages, in their order; ValueError (listing Multi30k's languages) for any other."""
+  if not set(languages) <= set(LANGUAGES):
+    raise ValueError(f'multi30k has languages {sorted(LANGUAGES)}, not {tuple(languages)}.')
+  return tuple(dict.fromkeys(languages))
+
+
+def check_manual_dir(manual_dir: str | os.PathLike[str], languages: Sequence[str] = LANGUAGES) -> None:
+  """Raises ValueError if `manual_dir` lacks a file of `languages`, naming the missing and the needed files.
+
+  Args:
+    manual_dir: the folder (data.manual_dir).
+    languages: the languages that must be there, e.g. ('en', 'de') for an English-German run.
+
+  Raises:
+    ValueError: for a missing file, or a language Multi30k does not have.
+  """
+  manual_dir, languages = epath.Path(manual_dir), check_languages(languages)
+  needed = file_names(languages)
+  missing = [name for name in needed if not (manual_dir / name).exists()]
   if missing:
     raise ValueError(f'Multi30k manual_dir {manual_dir} lacks {", ".join(missing)}. '
-                     f'It needs these files: {", ".join(file_names())}.')
+                     f'For languages {"-".join(languages)} it needs: {", ".join(needed)}.')
+
+
+def files_digest(manual_dir: str | os.PathLike[str], languages: Sequence[str]) -> tuple[str, dict[str, int]]:
+  """(SHA-256 hex digest over the files' names, sizes and contents, {file name: size in bytes}).
+
+  Hashes the six (or nine) gzip files, about 2 MB for the whole corpus (milliseconds).
+  """
+  digest, sizes = hashlib.sha256(), {}
+  for name in file_names(check_languages(languages)):
+    data = (epath.Path(manual_dir) / name).read_bytes()
+    sizes[name] = len(data)
+    digest.update(f'{name}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\n'.encode())
+  return digest.hexdigest(), sizes
+
+
+@dataclasses.dataclass(eq=False)
+class Multi30kConfig(tfds.core.BuilderConfig):
+  """What one preparation of Multi30k is made from (see `builder_config`).
+
+  Attributes:
+    languages: language codes, e.g. ('de', 'en') (sorted by `builder_config`); the examples have these features.
+    files_sha256: `files_digest` of the manual folder's files; '' when the files are downloaded.
+  """
+  languages: tuple[str, ...] = LANGUAGES
+  files_sha256: str = ''
+
+
+def builder_config(languages: Sequence[str], manual_dir: str | os.PathLike[str] | None = None) -> Multi30kConfig:
+  """The builder config for `languages`, read from `manual_dir` (tied to its files' digest) or downloaded.
+
+  The name is '<langs>-download' or '<langs>-files-<first 16 hex digits of the digest>', e.g.
+  'de-en-files-3f0c9a1e5b7d2c44': TFDS prepares each name once, in its own folder.
+
+  Args:
+    languages: the languages to prepare (source and target), in any order.
+    manual_dir: folder with the {split}.{lang}.gz files, or None to download them.
+
+  Raises:
+    ValueError: for a language Multi30k lacks, or a manual_dir that lacks a file of `languages`.
+  """
+  if manual_dir is not None:
+    check_manual_dir(manual_dir, languages)
+  languages = tuple(sorted(check_languages(languages)))
+  if manual_dir is None:
+    return Multi30kConfig(name=f'{"-".join(languages)}-download', version=Multi30k.VERSION, languages=languages,
+                          description=f'{", ".join(file_names(languages))}, downloaded from {URL.format(name="")}')
+  digest, sizes = files_digest(manual_dir, languages)
+  listing = ', '.join(f'{name} ({size:,} bytes)' for name, size in sizes.items())
+  return Multi30kConfig(name=f'{"-".join(languages)}-files-{digest[:16]}', version=Multi30k.VERSION,
+                        languages=languages, files_sha256=digest, description=f'{listing} in {manual_dir}')
+
+
+class _QuietCustomConfig(logging.Filter):
+  """Drops TFDS's warning 'Using custom data configuration: Multi30kConfig(...)', logged at every load.
+
+  Every Multi30k config is made at run time (`builder_config`), so the warning says nothing; load_split logs
+  what was read instead.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.msg == 'Using custom data configuration: %s' and isinstance(record.args, tuple)
+                and record.args and isinstance(record.args[0], Multi30kConfig))
+
+
+logging.getLogger('absl').addFilter(_QuietCustomConfig())
 
 
 def _manual_dir(dl_manager: tfds.download.DownloadManager) -> epath.Path | None:
@@ -110,29 +205,47 @@ def _manual_dir(dl_manager: tfds.download.DownloadManager) -> epath.Path | None:
 
 
 class Multi30k(tfds.core.GeneratorBasedBuilder):
-  """Multi30k task 1: aligned English, German and French image descriptions."""
+  """Multi30k task 1: aligned English, German and French image descriptions.
+
+  Without a config (`tfds.load('multi30k')`) it downloads all three languages; a manual folder needs a config
+  from `builder_config(languages, manual_dir)`, which ties the prepared data to that folder's files.
+  """
 
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Task 1 raw text: en, de, fr; train, validation (val), test (test_2016_flickr).'}
   MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      f'Optional. Put these files from https://github.com/multi30k/dataset/tree/master/data/task1/raw in '
-      f'manual_dir: {", ".join(file_names())}. Without manual_dir they are downloaded.')
+      f'Optional. Put the files of your languages from https://github.com/multi30k/dataset/tree/master/data/task1/raw '
+      f'in manual_dir (all of them: {", ".join(file_names())}), and pass '
+      f'config=multi30k.builder_config(languages, manual_dir). Without manual_dir they are downloaded.')
+
+  @property
+  def _languages(self) -> tuple[str, ...]:
+    return self.builder_config.languages if self.builder_config else LANGUAGES
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in LANGUAGES}),
+        features=tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in self._languages}),
         homepage='https://github.com/multi30k/dataset',
         citation=_CITATION,
         disable_shuffling=True)
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    manual_dir = _manual_dir(dl_manager)
+    manual_dir, expected = _manual_dir(dl_manager), self.builder_config and self.builder_config.files_sha256
+    names = file_names(self._languages)
     if manual_dir is None:
-      paths = dl_manager.download({name: URL.format(name=name) for name in file_names()})
+      if expected:
+        raise ValueError(f'Multi30k config {self.builder_config.name} is made from manual files; pass their '
+                         'folder as manual_dir.')
+      paths = dl_manager.download({name: URL.format(name=name) for name in names})
     else:
-      check_manual_dir(manual_dir)
-      paths = {name: manual_dir / name for name in file_names()}
-    return {split: self._generate_examples({lang: paths[f'{stem}.{lang}.gz'] for lang in LANGUAGES})
+      check_manual_dir(manual_dir, self._languages)
+      found = files_digest(manual_dir, self._languages)[0]
+      if found != expected:
+        raise ValueError(f'The files in Multi30k manual_dir {manual_dir} (digest {found[:16]}) are not those of '
+                         f'builder config {self.builder_config_name!r}: pass '
+                         'config=multi30k.builder_config(languages, manual_dir), which names them.')
+      paths = {name: manual_dir / name for name in names}
+    return {split: self._generate_examples({lang: paths[f'{stem}.{lang}.gz'] for lang in self._languages})
             for split, stem in SPLIT_STEMS.items()}
 
   def _generate_examples(self, paths: dict[str, epath.Path]):

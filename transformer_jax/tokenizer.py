@@ -11,12 +11,16 @@ Special ids, fixed for every vocabulary trained here:
   UNK_ID = 3: unknown piece; not produced in practice, since byte fallback spells any character unseen in training
     as its UTF-8 bytes (pieces <0x00>..<0xFF>).
 
-Text normalisation policy: SentencePiece's default rule `nmt_nfkc` applies, as it does in tensor2tensor and flax's
-wmt example. `decode(encode(x)) == x` holds for any text in Unicode NFKC form without leading, trailing or
-repeated whitespace (accents, CJK, emoji and other characters unseen in training included). Otherwise the result
-is the normalised text: compatibility characters are folded ('ﬁ' -> 'fi', full-width 'Ａ' -> 'A') and whitespace is
-trimmed and collapsed to single spaces. Training sentences are normalised the same way, so this only changes
-text, never loses it. BLEU is computed against the raw references, not normalised ones.
+Text normalisation policy (`data.tokenizer_normalization`, one of NORMALIZATIONS, stored in the model file): by
+default SentencePiece's rule `nmt_nfkc`, as in tensor2tensor and flax's wmt example. `decode(encode(x)) == x` holds
+for any text in Unicode NFKC form without leading, trailing or repeated whitespace (accents, CJK, emoji and other
+characters unseen in training included). Otherwise the result is the normalised text: compatibility characters are
+folded ('ﬁ' -> 'fi', full-width 'Ａ' -> 'A', '…' -> '...') and whitespace is trimmed and collapsed to single spaces.
+Training sentences are normalised the same way, so this only changes text, never loses it. BLEU is computed against
+the raw references, not normalised ones, so a normalised character in a hypothesis can cost BLEU: `round_trip`
+counts the lines that change, and `input_pipeline.get_tokenizer` logs that count for the validation targets when it
+trains a vocabulary. 'identity' keeps every character (whitespace is still trimmed and collapsed); '*_cf' rules
+also fold case.
 """
 from collections.abc import Callable, Iterable, Sequence
 import io
@@ -25,12 +29,17 @@ import time
 
 from absl import logging
 from etils import epath
+import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2
 UNK_ID = 3
+
+# SentencePiece's built-in normalisation rules (normalization_rule_name).
+NORMALIZATIONS = ('nmt_nfkc', 'nfkc', 'nmt_nfkc_cf', 'nfkc_cf', 'identity')
 
 
 class Tokenizer:
@@ -50,11 +59,19 @@ class Tokenizer:
     if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
       raise ValueError(f'SentencePiece model has (pad, bos, eos, unk) ids {ids}; '
                        f'expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}.')
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_proto)
+    self._normalization = proto.normalizer_spec.name
 
   @classmethod
   def load(cls, path: str | os.PathLike[str]) -> 'Tokenizer':
     """Loads a `.model` file (local or any path `etils.epath` reads, such as gs://)."""
     return cls(epath.Path(path).read_bytes())
+
+  @property
+  def normalization(self) -> str:
+    """The model's normalisation rule, e.g. 'nmt_nfkc' (one of NORMALIZATIONS)."""
+    return self._normalization
 
   @property
   def vocab_size(self) -> int:
@@ -91,19 +108,58 @@ class Tokenizer:
     return self._processor.decode(kept)
 
 
-def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sentences: int) -> bytes:
-  """Trains a SentencePiece model on a sample of at most `max_sentences` sentences; returns its bytes."""
+def round_trip(tokenizer: Tokenizer, lines: Sequence[str]) -> list[int]:
+  """Indices of the lines that `decode(encode(line))` changes (normalisation; see the module docstring).
+
+  Args:
+    tokenizer: the vocabulary.
+    lines: raw sentences, e.g. the validation targets that BLEU scores against.
+
+  Returns:
+    The 0-based indices of the lines that do not come back unchanged, in order.
+  """
+  decoded = tokenizer.decode(tokenizer.encode(list(lines)))
+  return [i for i, (line, back) in enumerate(zip(lines, decoded)) if line != back]
+
+
+def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int) -> list[str]:
+  """A uniform sample of at most `max_sentences` of the non-empty sentences, in corpus order, chosen by `seed`.
+
+  The sample is drawn here with numpy rather than by SentencePiece (input_sentence_size with
+  shuffle_input_sentence), whose sample differs from process to process whatever `spm.set_random_generator_seed`
+  says (sentencepiece 0.2.3: three runs, three vocabularies), so the same corpus and seed give the same file.
+
+  Args:
+    sentences: the training sentences (str).
+    max_sentences: the most to keep.
+    seed: seeds numpy's default Generator (data.tokenizer_seed).
+
+  Returns:
+    The non-empty sentences if there are at most max_sentences of them, else max_sentences of them without
+    replacement, in their original order.
+  """
+  kept = [sentence for sentence in sentences if sentence]  # SentencePiece skips empty lines too.
+  if len(kept) <= max_sentences:
+    return kept
+  chosen = np.sort(np.random.default_rng(seed).choice(len(kept), max_sentences, replace=False))
+  return [kept[i] for i in chosen]
+
+
+def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sentences: int, seed: int,
+           normalization: str) -> bytes:
+  """Trains a SentencePiece model on a seeded sample of at most `max_sentences` sentences; returns its bytes."""
+  sample = sample_sentences(sentences, max_sentences, seed)
   model = io.BytesIO()
-  spm.set_random_generator_seed(0)  # The same sample, hence the same vocabulary, on every run.
+  spm.set_random_generator_seed(seed)  # For SentencePiece's other random choices (unigram).
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences),
+      sentence_iterator=iter(sample),
       model_writer=model,
       vocab_size=vocab_size,
       model_type=model_type,
       pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
       byte_fallback=True,
-      input_sentence_size=max_sentences,  # Reservoir sample of this many sentences.
-      shuffle_input_sentence=True,
+      normalization_rule_name=normalization,
+      input_sentence_size=0,  # All of the sample: SentencePiece's own sampling is not reproducible.
       num_threads=os.cpu_count() or 1,
       minloglevel=1)
   return model.getvalue()
@@ -114,6 +170,9 @@ def train_or_load(workdir: str | os.PathLike[str],
                   vocab_size: int,
                   model_type: str = 'bpe',
                   max_sentences: int = 2_000_000,
+                  seed: int = 0,
+                  normalization: str = 'nmt_nfkc',
+                  on_trained: Callable[[Tokenizer], None] | None = None,
                   process_index: int = 0,
                   timeout_secs: float = 3600.0,
                   poll_secs: float = 1.0) -> Tokenizer:
@@ -128,7 +187,11 @@ def train_or_load(workdir: str | os.PathLike[str],
       trains.
     vocab_size: number of pieces, special ids and the 256 byte pieces included (Sec. 5.1: about 37000).
     model_type: 'bpe' (Sec. 5.1) or 'unigram'.
-    max_sentences: at most this many sentences, sampled uniformly, train the model.
+    max_sentences: at most this many non-empty sentences, sampled uniformly (`sample_sentences`), train the model.
+    seed: chooses the sample (data.tokenizer_seed): the same sentences and seed give the same file, byte for byte.
+    normalization: SentencePiece's normalisation rule (data.tokenizer_normalization), one of NORMALIZATIONS. An
+      existing file must have been trained with it.
+    on_trained: called with the new Tokenizer on process 0 right after training (not when the file existed).
     process_index: this host's index (jax.process_index()).
     timeout_secs: how long a process other than 0 waits for the file, seconds.
     poll_secs: seconds between checks for the file.
@@ -137,7 +200,8 @@ def train_or_load(workdir: str | os.PathLike[str],
     The loaded Tokenizer.
 
   Raises:
-    ValueError: for an unknown model_type, a non-positive vocab_size, or one the corpus cannot fill or
+    ValueError: for an unknown model_type or normalization, a seed outside [0, 2**32), an existing file trained
+      with another normalization, a non-positive vocab_size, or one the corpus cannot fill or
       that is smaller than its characters plus the special and byte pieces (naming data.vocab_size).
     TimeoutError: if the file does not appear within timeout_secs on a process other than 0.
   """
@@ -145,12 +209,16 @@ def train_or_load(workdir: str | os.PathLike[str],
     raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
   if vocab_size <= 0:
     raise ValueError(f'vocab_size must be positive, got {vocab_size}.')
+  if normalization not in NORMALIZATIONS:
+    raise ValueError(f'data.tokenizer_normalization must be one of {NORMALIZATIONS}, got {normalization!r}.')
+  if not isinstance(seed, int) or not 0 <= seed < 2**32:
+    raise ValueError(f'data.tokenizer_seed must be an integer in [0, 2**32), got {seed!r}.')
   path = epath.Path(workdir) / f'spm_{vocab_size}.model'
   if not path.exists() and process_index == 0:
     texts = sentences()
     start = time.perf_counter()
     try:
-      proto = _train(texts, vocab_size, model_type, max_sentences)
+      proto = _train(texts, vocab_size, model_type, max_sentences, seed, normalization)
     except RuntimeError as e:  # SentencePiece reports a size that does not fit the corpus as a RuntimeError.
       if 'ocabulary size' not in str(e):
         raise
@@ -159,13 +227,19 @@ def train_or_load(workdir: str | os.PathLike[str],
     tmp = path.parent / f'{path.name}.tmp-{os.getpid()}'
     tmp.write_bytes(proto)
     tmp.replace(path)
-    logging.info('Trained %s vocabulary of %d pieces in %.1f s: %s', model_type, vocab_size,
-                 time.perf_counter() - start, path)
+    logging.info('Trained %s vocabulary of %d pieces (normalisation %s) in %.1f s: %s', model_type, vocab_size,
+                 normalization, time.perf_counter() - start, path)
+    if on_trained is not None:
+      on_trained(Tokenizer(proto))
   deadline = time.monotonic() + timeout_secs
   while not path.exists():
     if time.monotonic() > deadline:
       raise TimeoutError(f'Process {process_index}: {path} did not appear within {timeout_secs} s '
                          '(process 0 trains it).')
     time.sleep(poll_secs)
-  return Tokenizer.load(path)
+  tokenizer = Tokenizer.load(path)
+  if tokenizer.normalization != normalization:
+    raise ValueError(f'{path} was trained with normalisation {tokenizer.normalization!r}, not '
+                     f'data.tokenizer_normalization={normalization!r}: use a new workdir, or the same setting.')
+  return tokenizer
 
