@@ -1,4 +1,5 @@
-"""Every public function and class of the package is documented, and documents what it raises."""
+"""Every public function and class of the package is documented, and documents what it raises (a `Raises:`
+section, or a summary that says "Raises ValueError if ...")."""
 import ast
 import pathlib
 
@@ -42,7 +43,7 @@ def test_public_definitions_have_docstrings_that_name_what_they_raise(path):
     doc = ast.get_docstring(node)
     if not doc:
       undocumented.append(name)
-    elif isinstance(node, ast.FunctionDef) and raises_directly(node) and 'Raises:' not in doc:
+    elif isinstance(node, ast.FunctionDef) and raises_directly(node) and 'Raises' not in doc:
       no_raises.append(name)
   assert not undocumented, f'{path.name}: no docstring: {undocumented}'
   assert not no_raises, f'{path.name}: raises without a Raises: section: {no_raises}'

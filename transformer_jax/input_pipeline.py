@@ -151,12 +151,14 @@ class Ragged:
 
   @classmethod
   def from_lists(cls, sequences: Sequence[Sequence[int]]) -> 'Ragged':
+    """Packs Python sequences of token ids into one int32 array and their offsets."""
     lengths = np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return cls(np.fromiter(itertools.chain.from_iterable(sequences), np.int32, offsets[-1]), offsets)
 
   @property
   def lengths(self) -> np.ndarray:
+    """int64 [num_sequences]: the length of each sequence, in tokens."""
     return np.diff(self.offsets)
 
   def __len__(self) -> int:
@@ -203,7 +205,11 @@ def bucket_lengths_for(bucket_lengths: Sequence[int], max_length: int) -> np.nda
 
 
 def batch_size_for(length: int, tokens_per_batch: int, batch_size_multiple: int, process_count: int = 1) -> int:
-  """Rows of a batch of length `length`: tokens_per_batch // length, rounded down to batch_size_multiple."""
+  """Rows of a batch of length `length`: tokens_per_batch // length, rounded down to batch_size_multiple.
+
+  Raises:
+    ValueError: if not one row of that length fits, or the rows do not divide by process_count.
+  """
   batch_size = tokens_per_batch // length // batch_size_multiple * batch_size_multiple
   if batch_size == 0:
     raise ValueError(f'tokens_per_batch={tokens_per_batch} is too small for length {length} with '
@@ -511,6 +517,9 @@ def eval_batches(source: Ids, target: Ids, *, tokens_per_batch: int, max_length:
 
   Returns:
     This host's rows of each global batch.
+
+  Raises:
+    ValueError: if source and target hold different numbers of sentences.
   """
   source, target = as_ragged(source), as_ragged(target)
   if len(source) != len(target):

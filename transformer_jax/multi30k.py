@@ -105,7 +105,11 @@ def read_parallel(paths: Sequence[str | os.PathLike[str]]) -> list[list[str]]:
 
 
 def check_languages(languages: Sequence[str]) -> tuple[str, ...]:
-  """The distinct languages, in their order; ValueError (listing Multi30k's languages) for any other."""
+  """The distinct languages, in their order.
+
+  Raises:
+    ValueError: listing Multi30k's languages, for any other.
+  """
   if not set(languages) <= set(LANGUAGES):
     raise ValueError(f'multi30k has languages {sorted(LANGUAGES)}, not {tuple(languages)}.')
   return tuple(dict.fromkeys(languages))
