@@ -67,11 +67,17 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
   Returns:
     int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS. With with_scores, the
     `decoding.beam_search` pair: tokens [batch, beam_size, src_len + extra_length], scores [batch, beam_size].
+
+  Raises:
+    ValueError: with learned positions, if src_len + extra_length exceeds model.max_length.
   """
   batch_size, source_length = source_tokens.shape
   source_segment_ids = model_lib.segment_ids_from_tokens(source_tokens)
   memory = model.apply({'params': params}, source_tokens, source_segment_ids, method='encode')
   max_steps = source_length + extra_length
+  if model.cfg.position_embedding == 'learned' and max_steps > model.cfg.max_length:  # Else silent NaN (#16).
+    raise ValueError(f'decoding {source_length} source positions + decode.extra_length={extra_length} needs '
+                     f'{max_steps} rows of the learned position table; model.max_length={model.cfg.max_length}')
   max_decode_lengths = jnp.sum(source_segment_ids, axis=-1) + extra_length  # [batch]
   cache_stages = tuple(n for n in cache_stages if n < max_steps)
   _, variables = model.apply({'params': params}, memory, source_segment_ids, min(cache_stages or (max_steps,)),
