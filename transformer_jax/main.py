@@ -25,7 +25,7 @@ flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omit
 flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.distributed.initialize() before any '
                      'JAX use. Unset: only when a multi-process launcher is detected (JAX_COORDINATOR_ADDRESS with '
                      'JAX_NUM_PROCESSES and JAX_PROCESS_ID, an srun step of several tasks, mpirun with several '
-                     'ranks, a multi-worker Cloud TPU slice; sharding.distributed_environment). --multihost forces '
+                     'ranks, a multi-worker Cloud TPU slice; distributed.distributed_environment). --multihost forces '
                      'it (launch/tpu_vm.sh run passes it), --nomultihost forbids it.')
 flags.mark_flags_as_required(['config'])
 
@@ -54,8 +54,8 @@ def main(argv):
     return
   if workdir is None:
     raise app.UsageError(f'--workdir is required for --mode={mode}')
-  from transformer_jax import sharding  # pylint: disable=g-import-not-at-top
-  sharding.initialize_distributed(flags.FLAGS.multihost)  # Before any call that starts a JAX backend.
+  from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize_distributed(flags.FLAGS.multihost)  # Before any call that starts a JAX backend.
   logging.info('JAX process %d/%d, %d local devices: %s', jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.devices())
   from transformer_jax import train  # pylint: disable=g-import-not-at-top
