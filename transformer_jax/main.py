@@ -27,6 +27,9 @@ flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.di
                      'JAX_NUM_PROCESSES and JAX_PROCESS_ID, an srun step of several tasks, mpirun with several '
                      'ranks, a multi-worker Cloud TPU slice; distributed.distributed_environment). --multihost forces '
                      'it (launch/tpu_vm.sh run passes it), --nomultihost forbids it.')
+flags.DEFINE_integer('initialization_timeout_secs', None, 'Multi-host: seconds to wait for every process to join '
+                     "jax.distributed before stopping with the expected and actual process counts (unset: JAX's "
+                     'default, 300).')
 flags.mark_flags_as_required(['config'])
 
 
@@ -55,9 +58,7 @@ def main(argv):
   if workdir is None:
     raise app.UsageError(f'--workdir is required for --mode={mode}')
   from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
-  distributed.initialize_distributed(flags.FLAGS.multihost)  # Before any call that starts a JAX backend.
-  logging.info('JAX process %d/%d, %d local devices: %s', jax.process_index(), jax.process_count(),
-               jax.local_device_count(), jax.devices())
+  distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   from transformer_jax import train  # pylint: disable=g-import-not-at-top
   if mode == 'train':
     train.train_and_evaluate(config, workdir)
