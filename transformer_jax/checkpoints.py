@@ -351,20 +351,30 @@ class CheckpointManager:
     Returns:
       Restored(step, state, data_state), or None if the workdir holds no checkpoint.
 
+    With several processes, all of them restore the same step: they must list the same steps
+    (else the workdir is not shared), and a step that fails on any process is skipped by all.
+
     Raises:
       ValueError: if checkpoints exist but none can be restored. Failing every step is more
         likely a mismatch between `abstract_state` and the saved state than damage to all of
         them, and training from scratch in a workdir with newer steps would never save again.
+        Also if the processes list different steps.
     """
     _require_shardings(abstract_state, 'abstract_state')
+    steps = self.all_steps()
+    _agree_across_processes(steps, f'the checkpoint steps in {self._directory}')
     failures = []
-    for step in reversed(self.all_steps()):
+    for step in reversed(steps):
       try:
         state, data_state = self.restore(step, abstract_state)
+        error = None
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning('Checkpoint step %d in %s is unusable (%s: %s); trying the previous one.',
-                        step, self._directory, type(e).__name__, e)
-        failures.append(f'step {step}: {type(e).__name__}: {e}')
+        error = f'{type(e).__name__}: {e}'
+      if not _all_processes(error is None):
+        error = error or 'unusable on another process'
+        logging.warning('Checkpoint step %d in %s is unusable (%s); trying the previous one.',
+                        step, self._directory, error)
+        failures.append(f'step {step}: {error}')
         continue
       return Restored(step, state, data_state)
     if failures:
@@ -412,6 +422,27 @@ class CheckpointManager:
     if step not in self._manager.all_steps():
       raise ValueError(f'No checkpoint for step {step} in {self._directory}; '
                        f'steps: {self.all_steps()}.')
+
+
+def _agree_across_processes(steps: list[int], what: str) -> None:
+  """Raises ValueError unless every process lists the same steps (a no-op for one process)."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  summary = np.array([len(steps), steps[-1] if steps else -1, hash(tuple(steps)) % (2**31)], np.int64)
+  gathered = np.asarray(multihost_utils.process_allgather(summary)).reshape(jax.process_count(), 3)
+  if np.any(gathered != gathered[0]):
+    seen = {p: f'{int(n)} steps, latest {int(last) if last >= 0 else None}' for p, (n, last, _) in enumerate(gathered)}
+    raise ValueError(f'The processes disagree on {what}: {seen}. The workdir must be shared storage that every '
+                     'process reads and writes.')
+
+
+def _all_processes(ok: bool) -> bool:
+  """Whether `ok` holds on every process."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.all(np.asarray(multihost_utils.process_allgather(np.array([ok])))))
 
 
 def average_checkpoints(manager: CheckpointManager, steps: list[int], abstract_subtree: PyTree,

@@ -7,7 +7,8 @@ Launch faults this catches, each with the expected and the actual counts:
     `jax.distributed.initialize` gives up after `initialization_timeout_secs` and `start` says who was missing;
   * fewer or more processes than SLURM_NTASKS / JAX_NUM_PROCESSES / OMPI_COMM_WORLD_SIZE / TPU_WORKER_HOSTNAMES;
   * fewer local devices than the launcher gave the task: jax.distributed gives each SLURM task only the GPU of
-    its SLURM_LOCALID unless JAX_LOCAL_DEVICE_IDS says otherwise, so one task per node with 8 GPUs drives 1.
+    its SLURM_LOCALID unless JAX_LOCAL_DEVICE_IDS says otherwise, so one task per node with 8 GPUs drives 1;
+  * a workdir that the processes do not share (`check_shared_workdir`, called when the workdir is opened).
 
 Kept apart from `sharding.py` (logical axes, mesh, rules), which model code imports.
 """
@@ -15,6 +16,8 @@ from collections.abc import Mapping
 import dataclasses
 import os
 import re
+import secrets
+import time
 
 from absl import logging
 import jax
@@ -203,3 +206,51 @@ def start(multihost: bool | None = None, initialization_timeout_secs: int | None
   check_topology(expected_topology(), jax.process_count(), jax.local_device_count())
   logging.info('JAX process %d/%d, %d local devices: %s', jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.devices())
+
+
+def check_shared_workdir(workdir: str, timeout_secs: float = 120.0, poll_secs: float = 0.2) -> None:
+  """Stops unless every process reads and writes the same workdir (call on all processes, after creating it).
+
+  Processes that do not share it (a local path on each host) would each find their own latest checkpoint,
+  vocabulary and config. Process 0 writes a marker file named by a random token, the token reaches the others
+  through JAX (`broadcast_one_to_all`), and each process looks for the marker until `timeout_secs` have passed
+  (shared storage such as NFS or gs:// may show a new file late). Then the processes compare what they saw and
+  process 0 deletes the marker. A single process returns at once.
+
+  Args:
+    workdir: the run's folder (a local path or a URL such as gs://...), existing on every process.
+    timeout_secs: how long each process looks for the marker.
+    poll_secs: seconds between looks.
+
+  Raises:
+    LaunchError: on every process, naming the processes that did not see the marker.
+  """
+  if jax.process_count() == 1:
+    return
+  # pylint: disable=g-import-not-at-top
+  from etils import epath
+  from jax.experimental import multihost_utils
+  import numpy as np
+  # pylint: enable=g-import-not-at-top
+  token = np.frombuffer(secrets.token_bytes(16), np.uint8) if jax.process_index() == 0 else np.zeros(16, np.uint8)
+  token = bytes(np.asarray(multihost_utils.broadcast_one_to_all(token)).astype(np.uint8)).hex()
+  marker = epath.Path(workdir) / f'.shared_workdir_{token}'
+  if jax.process_index() == 0:
+    marker.write_text(token)
+  deadline = time.monotonic() + timeout_secs
+  seen = False
+  while not seen:
+    seen = marker.exists() and marker.read_text() == token
+    if seen or time.monotonic() > deadline:
+      break
+    time.sleep(poll_secs)
+  everyone = np.asarray(multihost_utils.process_allgather(np.array([seen]))).reshape(-1)
+  if jax.process_index() == 0:
+    marker.unlink()
+  blind = np.flatnonzero(~everyone).tolist()
+  if blind:
+    raise LaunchError(
+        f'--workdir={workdir} is not shared storage: process(es) {blind} of {jax.process_count()} did not see '
+        f'the marker {marker.name} that process 0 wrote there within {timeout_secs:g} s. Every process must use '
+        'the same workdir on storage all hosts share (a network file system, gs://...): with a local folder on '
+        'each host every process would find a different latest checkpoint.')

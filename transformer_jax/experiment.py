@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import distributed
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import multi30k
@@ -311,6 +312,7 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
   model_cfg = s.model.cfg
   check_data_files(config.data, data_splits)
   _check_writable(workdir)
+  distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
   # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would
   # otherwise leave a second spm_<vocab_size>.model behind before failing.
   manager = open_checkpoints(config, workdir, model_cfg)
