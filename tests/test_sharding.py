@@ -20,6 +20,7 @@ import pytest
 from transformer_jax import aot
 from transformer_jax import checkpoints
 from transformer_jax import evaluate
+from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
@@ -258,9 +259,9 @@ def test_checkpoint_saved_on_8_devices_restores_on_4_and_1(tmp_path, initial_sta
 
 
 def test_largest_batch_shape_is_the_longest_bucket_at_tokens_per_batch():
-  assert aot.largest_batch_shape(tiny.get_config().data, num_shards=8) == (8, 32)
+  assert memory.largest_batch_shape(tiny.get_config().data, num_shards=8) == (8, 32)
   # 25000 // 256 = 97 rows, padded with empty rows to a multiple of the 8 shards (the pipeline's global batch).
-  assert aot.largest_batch_shape(base.get_config().data, num_shards=8) == (104, 256)
+  assert memory.largest_batch_shape(base.get_config().data, num_shards=8) == (104, 256)
 
 
 def test_collective_counts_reads_sync_and_async_ops():

@@ -40,6 +40,7 @@ from transformer_jax import evaluate as evaluate_lib
 from transformer_jax import inspection
 from transformer_jax import input_pipeline
 from transformer_jax import losses
+from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import multi30k
 from transformer_jax import sharding
@@ -387,6 +388,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     if jax.process_index() == 0:
       inspection.save_config(config, workdir)  # config.json, for notebooks and --mode=evaluate/translate readers.
     data = _load_data(s)
+    memory.check_train_step(s, jit_steps)  # Stops before any state is allocated if the step cannot fit (#16).
     state, state_sharding = _restore_or_init(s, data)
     train_fn, eval_fn = jit_steps(s, state_sharding)
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
