@@ -4,7 +4,8 @@ launcher promised (`start`, which `main.py` calls first).
 
 Launch faults this catches, each with the expected and the actual counts:
   * a process that waits for peers that never start (a TPU slice started on one worker only, a lost srun task):
-    `jax.distributed.initialize` gives up after `initialization_timeout_secs` and `start` says who was missing;
+    `jax.distributed.initialize` gives up after `initialization_timeout_secs` (XLA then aborts the process with
+    DEADLINE_EXCEEDED), and the line logged before it names how many processes it waited for and from where;
   * fewer or more processes than SLURM_NTASKS / JAX_NUM_PROCESSES / OMPI_COMM_WORLD_SIZE / TPU_WORKER_HOSTNAMES;
   * fewer local devices than the launcher gave the task: jax.distributed gives each SLURM task only the GPU of
     its SLURM_LOCALID unless JAX_LOCAL_DEVICE_IDS says otherwise, so one task per node with 8 GPUs drives 1;
@@ -120,11 +121,15 @@ class Topology:
 _DEVICE_VARIABLES = ('JAX_LOCAL_DEVICE_IDS', 'SLURM_GPUS', 'SLURM_NTASKS_PER_NODE', 'SLURM_STEP_TASKS_PER_NODE')
 
 
-def _leading_int(value: str) -> int:
-  """'8' -> 8, '4(x2),2' -> 4 (SLURM's per-node lists), 'a100:2' -> 2 (a typed GPU count)."""
-  match = re.match(r'(?:[^:,]*:)?(\d+)', value)
+def _leading_int(env: Mapping[str, str], key: str) -> int:
+  """'8' -> 8, '4(x2),2' -> 4 (SLURM's per-node lists: the first node's), 'a100:2' -> 2 (a typed GPU count).
+
+  Raises:
+    LaunchError: naming the variable if its value holds no count.
+  """
+  match = re.match(r'(?:[^:,]*:)?(\d+)', env[key])
   if not match:
-    raise ValueError(f'cannot read a count from {value!r}')
+    raise LaunchError(f'cannot read a count from {key}={env[key]!r}')
   return int(match.group(1))
 
 
@@ -145,7 +150,7 @@ def expected_topology(environ: Mapping[str, str] | None = None) -> Topology:
   for key, applies in (('JAX_NUM_PROCESSES', True), ('SLURM_STEP_NUM_TASKS', launcher == 'slurm'),
                        ('SLURM_NTASKS', launcher == 'slurm'), ('OMPI_COMM_WORLD_SIZE', launcher == 'openmpi')):
     if applies and env.get(key):
-      processes = _leading_int(env[key])
+      processes = _leading_int(env, key)
       sources.append(f'{key}={env[key]}')
       break
   else:
@@ -157,18 +162,18 @@ def expected_topology(environ: Mapping[str, str] | None = None) -> Topology:
     local = len(env['JAX_LOCAL_DEVICE_IDS'].split(','))
     sources.append(f'JAX_LOCAL_DEVICE_IDS={env["JAX_LOCAL_DEVICE_IDS"]}')
   elif launcher == 'slurm' and env.get('SLURM_GPUS_PER_TASK'):
-    local = _leading_int(env['SLURM_GPUS_PER_TASK'])
+    local = _leading_int(env, 'SLURM_GPUS_PER_TASK')
     sources.append(f'SLURM_GPUS_PER_TASK={env["SLURM_GPUS_PER_TASK"]}')
   elif launcher == 'slurm' and env.get('SLURM_GPUS_ON_NODE'):
     per_node_key = next((k for k in ('SLURM_NTASKS_PER_NODE', 'SLURM_STEP_TASKS_PER_NODE') if env.get(k)), None)
     if per_node_key:
-      gpus, tasks = _leading_int(env['SLURM_GPUS_ON_NODE']), _leading_int(env[per_node_key])
+      gpus, tasks = _leading_int(env, 'SLURM_GPUS_ON_NODE'), _leading_int(env, per_node_key)
       local = max(gpus // tasks, 1)
       sources += [f'SLURM_GPUS_ON_NODE={gpus}', f'{per_node_key}={env[per_node_key]}']
-      if local > 1:
-        hint = (f'jax.distributed gives each SLURM task only the GPU of its SLURM_LOCALID: with {tasks} task(s) '
-                f'per node and {gpus} GPUs, set JAX_LOCAL_DEVICE_IDS to this task\'s {local} GPUs (launch/'
-                'slurm.sbatch does for one task per node), or start one task per GPU')
+  if launcher == 'slurm' and local is not None and local > 1 and not env.get('JAX_LOCAL_DEVICE_IDS'):
+    hint = (f'jax.distributed gives each SLURM task only the GPU of its SLURM_LOCALID: set JAX_LOCAL_DEVICE_IDS '
+            f"to this task's {local} GPUs (launch/slurm.sbatch does for one task per node), or start one task "
+            'per GPU')
   return Topology(processes, local, tuple(sources), hint)
 
 
