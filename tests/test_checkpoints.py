@@ -2,6 +2,8 @@
 import logging
 import os
 import pathlib
+import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -263,3 +265,58 @@ def test_incompatible_fingerprint_raises_and_leaves_workdir_untouched(tmp_path):
                                          r"this config has model.dropout_rate=0.1"):
       manager.check_compatible({**fingerprint, 'model': {**fingerprint['model'],
                                                          'dropout_rate': 0.1}})
+
+
+def _fail_data_state_write(monkeypatch):
+  """The data_state JSON write, which orbax runs in its background thread, fails: disk full."""
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler  # pylint: disable=g-import-not-at-top
+
+  async def disk_full(*args, **kwargs):
+    del args, kwargs
+    raise OSError(28, 'No space left on device')
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, '_save_fn', disk_full)
+
+
+def _fail_commit(monkeypatch):
+  """The rename of the finished temporary directory, in the background thread, fails: permission changed."""
+  from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
+
+  async def denied(*args, **kwargs):
+    del args, kwargs
+    raise PermissionError(13, 'Permission denied')
+  monkeypatch.setattr(atomicity, 'on_commit_callback', denied)
+
+
+@pytest.mark.parametrize('inject', [_fail_data_state_write, _fail_commit])
+@pytest.mark.parametrize('max_to_keep', [1, 2])
+@pytest.mark.parametrize('surfaced_by', ['due_save', 'wait', 'next_call'])
+def test_background_save_failure_stops_naming_the_step_and_keeps_good_checkpoints(
+    monkeypatch, tmp_path, inject, max_to_keep, surfaced_by):
+  mesh = make_mesh(2)
+  manager = checkpoints.CheckpointManager(tmp_path, max_to_keep=max_to_keep, save_interval_steps=2)
+  for step in (2, 4):
+    assert manager.save(step, make_state(mesh, seed=step), {'position': step})
+  manager.wait_until_finished()
+  kept = [2, 4][-max_to_keep:]
+  inject(monkeypatch)
+  assert manager.save(6, make_state(mesh, seed=6), {'position': 6})  # Starts; fails in the background.
+  match = rf'Saving checkpoint step 6 in {tmp_path}/checkpoints failed \((OSError|PermissionError): .*\)\..*' \
+          rf'Steps on disk: {re.escape(str(kept))} \(the newest, step 4,'
+  with pytest.raises(checkpoints.CheckpointSaveError, match=match):
+    if surfaced_by == 'due_save':  # The next save that is due waits for step 6 and reports it, not step 8.
+      manager.save(8, make_state(mesh, seed=8), {'position': 8})
+    elif surfaced_by == 'wait':
+      manager.wait_until_finished()
+    else:  # Between intervals, a call that does not block reports the failure once the thread has ended.
+      deadline = time.monotonic() + 60
+      while time.monotonic() < deadline:
+        assert not manager.save(7, make_state(mesh, seed=7), {'position': 7})
+        time.sleep(0.01)
+  monkeypatch.undo()
+  manager.close()
+  committed = sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir() if p.name.isdigit())
+  assert committed == kept  # No older good step deleted by the retention policy; no step 6 or 8.
+  restored = checkpoints.CheckpointManager(tmp_path, max_to_keep=max_to_keep).restore_latest(
+      abstract(make_state(mesh), mesh))
+  assert restored.step == 4 and restored.data_state == {'position': 4}
+  assert_trees_equal(restored.state, make_state(mesh, seed=4))

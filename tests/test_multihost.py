@@ -21,6 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from transformer_jax import distributed
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
@@ -83,7 +84,7 @@ def _worker_main() -> None:
   args = parser.parse_args()
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.config.update('jax_numpy_rank_promotion', 'raise')
-  joined = sharding.initialize_distributed()  # JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID.
+  joined = distributed.initialize_distributed()  # JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID.
   config = _config()
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
   model = model_lib.Transformer(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model))
@@ -199,23 +200,23 @@ def test_two_processes_train_like_one(tmp_path):
     ({'TPU_WORKER_HOSTNAMES': 'w0'}, None),  # A single-host TPU VM.
 ])
 def test_distributed_environment_rule(environ, expected):
-  assert sharding.distributed_environment(environ) == expected
+  assert distributed.distributed_environment(environ) == expected
 
 
 def test_initialize_distributed_follows_the_rule_and_the_flag(monkeypatch):
   calls = []
   monkeypatch.setattr(jax.distributed, 'initialize', lambda **kwargs: calls.append(kwargs))
-  assert not sharding.initialize_distributed(None, {})
-  assert not sharding.initialize_distributed(False, {'TPU_WORKER_HOSTNAMES': 'a,b'})
-  assert sharding.initialize_distributed(True, {}) and calls[-1] == {}  # jax detects the cluster itself.
+  assert not distributed.initialize_distributed(None, {})
+  assert not distributed.initialize_distributed(False, {'TPU_WORKER_HOSTNAMES': 'a,b'})
+  assert distributed.initialize_distributed(True, {}) and calls[-1] == {}  # jax detects the cluster itself.
   env = {'JAX_COORDINATOR_ADDRESS': 'h:1234', 'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '1'}
-  assert sharding.initialize_distributed(None, env)
+  assert distributed.initialize_distributed(None, env)
   assert calls[-1] == {'coordinator_address': 'h:1234', 'num_processes': 2, 'process_id': 1}
   slurm = {'SLURM_JOB_ID': '7', 'SLURM_STEP_NODELIST': 'n1', 'SLURM_NTASKS': '2', 'SLURM_PROCID': '0',
            'SLURM_LOCALID': '0'}
-  assert sharding.initialize_distributed(None, slurm | {'JAX_COORDINATOR_ADDRESS': 'h:1'}) and calls[-1] == {}
+  assert distributed.initialize_distributed(None, slurm | {'JAX_COORDINATOR_ADDRESS': 'h:1'}) and calls[-1] == {}
   with pytest.raises(ValueError, match=r"\['JAX_PROCESS_ID'\] are not"):
-    sharding.initialize_distributed(None, {'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': '2'})
+    distributed.initialize_distributed(None, {'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': '2'})
   assert len(calls) == 3
 
 

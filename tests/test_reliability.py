@@ -402,3 +402,13 @@ def test_empty_and_long_lines_through_main(monkeypatch, tmp_path, caplog, capsys
   assert len(hypotheses) == SPLITS['test'] + 2 and hypotheses[-1] == ''  # One line per test line, '\n'-ended.
   assert re.search(r'^bleu: \d+\.\d\d ', capsys.readouterr().out, re.MULTILINE)
   assert checkpoint_steps(workdir) == [2]
+
+
+def test_training_stops_before_the_first_step_when_the_step_cannot_fit(monkeypatch, tmp_path, corpus):
+  from transformer_jax import memory  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(memory, 'available_bytes', lambda devices=None: (1024, 'test limit'))
+  with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[\d+, \d+\] needs '
+                                                   r'[\d.]+ GiB per device, 0\.00 GiB available \(test limit\).*'
+                                                   r'Lower data\.tokens_per_batch'):
+    train.train_and_evaluate(text_config(corpus), str(tmp_path))
+  assert checkpoint_steps(tmp_path) == []  # No state was allocated and no step ran.

@@ -3,6 +3,7 @@ parallelism, the sharded train step against one device, checkpoints across devic
 
 Runs on the 8 fake CPU devices of conftest.py. Every train step here is compiled once per mesh.
 """
+import ast
 import functools
 import json
 import pathlib
@@ -19,6 +20,7 @@ import pytest
 from transformer_jax import aot
 from transformer_jax import checkpoints
 from transformer_jax import experiment
+from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
@@ -258,9 +260,9 @@ def test_checkpoint_saved_on_8_devices_restores_on_4_and_1(tmp_path, initial_sta
 
 
 def test_largest_batch_shape_is_the_longest_bucket_at_tokens_per_batch():
-  assert aot.largest_batch_shape(tiny.get_config().data, num_shards=8) == (8, 32)
+  assert memory.largest_batch_shape(tiny.get_config().data, num_shards=8) == (8, 32)
   # 25000 // 256 = 97 rows, padded with empty rows to a multiple of the 8 shards (the pipeline's global batch).
-  assert aot.largest_batch_shape(base.get_config().data, num_shards=8) == (104, 256)
+  assert memory.largest_batch_shape(base.get_config().data, num_shards=8) == (104, 256)
 
 
 def test_collective_counts_reads_sync_and_async_ops():
@@ -317,3 +319,13 @@ def test_process_layout_needs_its_own_batch_shards_per_process():
     sharding.check_process_layout(np.array([0, 0, 0, 1, 0, 1, 1, 1]).reshape(2, 2, 2))  # Shard 1 on both hosts.
   # Non-adjacent shards are fine: make_array_from_process_local_data places the host's rows in order.
   sharding.check_process_layout(np.array([0, 0, 1, 1, 0, 0, 1, 1]).reshape(2, 2, 2))
+
+
+def test_sharding_imports_neither_absl_nor_process_start_up():
+  """Model code imports sharding.py: it names logical axes and meshes only (#13); start-up is distributed.py's."""
+  tree = ast.parse((pathlib.Path(sharding.__file__)).read_text())
+  imported = {alias.name.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+              for alias in node.names}
+  imported |= {node.module.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+  assert imported == {'typing', 'flax', 'jax', 'numpy'}
+  assert not hasattr(sharding, 'initialize_distributed') and not hasattr(sharding, 'distributed_environment')

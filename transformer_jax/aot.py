@@ -25,34 +25,14 @@ from absl import logging
 from etils import epath
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import experiment
-from transformer_jax import input_pipeline
+from transformer_jax import memory
 from transformer_jax import sharding
 from transformer_jax import train
 
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
-_MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes',
-                  'generated_code_size_in_bytes')
-_PACKED_KEYS = ('source_segment_ids', 'target_segment_ids', 'source_positions', 'target_positions')
-
-
-def largest_batch_shape(data_config, num_shards: int) -> tuple[int, int]:
-  """The global [batch, length] of the longest bucket at data.tokens_per_batch (Sec. 5.1), as training feeds it.
-
-  The longest bucket has the fewest rows but the largest attention matrices (batch * length^2 per head, i.e.
-  tokens_per_batch * length), so it bounds the step's memory; packed batches use the same row length. Its
-  tokens_per_batch // length rows are padded to a multiple of num_shards (data shards x train.grad_accum_steps),
-  as `input_pipeline.TrainIterator` pads them.
-
-  Raises:
-    ValueError: if the batch size rounds down to 0 (see `input_pipeline.batch_size_for`).
-  """
-  length = int(input_pipeline.bucket_lengths_for(data_config.bucket_lengths, data_config.max_length)[-1])
-  rows = input_pipeline.batch_size_for(length, data_config.tokens_per_batch, 1)
-  return input_pipeline.padded_rows(rows, num_shards), length
 
 
 def collective_counts(hlo_text: str) -> dict[str, int]:
@@ -61,25 +41,6 @@ def collective_counts(hlo_text: str) -> dict[str, int]:
   for op in _COLLECTIVES:
     counts[op] = len(re.findall(rf'\s{op}(?:-start)?\(', hlo_text))
   return dict(counts)
-
-
-def _abstract_batch(data_config, shape: tuple[int, int], batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
-  keys = ('source_tokens', 'decoder_input_tokens', 'target_tokens')
-  keys += _PACKED_KEYS if data_config.packing else ()
-  return {key: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding) for key in keys}
-
-
-def _memory_figures(compiled) -> dict[str, int]:
-  """Per-device bytes from `memory_analysis()`, plus their total (empty where the backend gives none)."""
-  stats = compiled.memory_analysis()
-  if stats is None:
-    return {}
-  memory = {field: int(getattr(stats, field)) for field in _MEMORY_FIELDS}
-  # The donated state's buffers hold the new state, so aliased bytes count once.
-  memory['total_in_bytes'] = (memory['argument_size_in_bytes'] + memory['output_size_in_bytes']
-                              - memory['alias_size_in_bytes'] + memory['temp_size_in_bytes']
-                              + memory['generated_code_size_in_bytes'])
-  return memory
 
 
 def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[str, Any]]:
@@ -91,30 +52,32 @@ def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[st
 
   Returns:
     (the `jax.stages.Compiled` step, a dict of figures: mesh, batch shape, parameter count, per-device
-    memory in bytes, per-device and total HLO FLOPs, collective counts, compile seconds).
+    memory in bytes, per-device and total HLO FLOPs, collective counts, compile seconds, and whether the step fits in this
+    machine's memory (`memory.fits`)).
 
   Raises:
     ValueError: for a bad config value (see `experiment.validate_config`) or a mesh the model does not divide by.
   """
-  s = experiment.compute_setup(config, workdir)  # Compile mode reads and writes nothing.
-  abstract_state = s.abstract_state()
-  shape = largest_batch_shape(config.data, s.data_shards * config.train.grad_accum_steps)
-  batch = _abstract_batch(config.data, shape, sharding.batch_sharding(s.mesh))
+  setup = experiment.compute_setup(config, workdir)  # Compile mode reads and writes nothing.
+  abstract_state = setup.abstract_state()
+  shape = memory.largest_batch_shape(config.data, setup.data_shards * config.train.grad_accum_steps)
+  batch = memory.abstract_batch(config.data, shape, sharding.batch_sharding(setup.mesh))
   state_sharding = jax.tree.map(lambda x: x.sharding, abstract_state)
-  train_fn, _ = train.jit_steps(s, state_sharding)
+  train_fn, _ = train.jit_steps(setup, state_sharding)
   start = time.perf_counter()
-  with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
+  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     lowered = train_fn.lower(abstract_state, batch)
   compiled = lowered.compile()
   seconds = time.perf_counter() - start
   flops = float((compiled.cost_analysis() or {}).get('flops', float('nan')))  # Per device (one SPMD program).
   figures = {
-      'mesh': dict(s.mesh.shape), 'devices': s.mesh.size, 'device_kind': s.mesh.devices.flat[0].device_kind,
+      'mesh': dict(setup.mesh.shape), 'devices': setup.mesh.size, 'device_kind': setup.mesh.devices.flat[0].device_kind,
       'batch_shape': list(shape), 'tokens_per_batch': config.data.tokens_per_batch,
       'grad_accum_steps': config.train.grad_accum_steps,
       'num_params': int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))),
-      'memory_per_device': _memory_figures(compiled), 'flops_per_device': flops,
-      'flops_total': flops * s.mesh.size, 'collectives': collective_counts(compiled.as_text()),
+      'memory_per_device': memory.memory_figures(compiled),
+      'fits_here': memory.fits(compiled, setup.mesh.devices.flat)[1], 'flops_per_device': flops,
+      'flops_total': flops * setup.mesh.size, 'collectives': collective_counts(compiled.as_text()),
       'compile_seconds': seconds}
   return compiled, figures
 
@@ -131,6 +94,7 @@ def format_report(figures: dict[str, Any]) -> str:
            'alias_size_in_bytes': 'aliased (donated)', 'temp_size_in_bytes': 'temporaries',
            'generated_code_size_in_bytes': 'generated code', 'total_in_bytes': 'total (args+out-alias+temp+code)'}
   lines += [f'  {names[k]:34s}{gib(v)}' for k, v in figures['memory_per_device'].items()]
+  lines.append(f"on this machine: {figures['fits_here']}")
   lines.append(f"HLO FLOPs per step: {figures['flops_per_device']:.4g} per device, "
                f"{figures['flops_total']:.4g} in total")
   lines.append('collectives: ' + ', '.join(f'{k} {v}' for k, v in figures['collectives'].items()))

@@ -7,6 +7,9 @@ Prints compile time, the median step time, tokens/s (source + target, no padding
 counted analytically (matrix products, training = 3x forward) next to XLA's cost analysis, MFU against a
 peak measured on the spot (a large matrix product in the compute dtype) or taken from a table of known
 accelerators, and beam-search sentences/s. The last line is one JSON object.
+
+The step is compiled before anything is allocated; when it would need more memory than the devices (or the
+host) have, the batch is halved until it fits, and the report says so (`memory.fits`).
 """
 import functools
 import json
@@ -21,6 +24,7 @@ import numpy as np
 
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
+from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import train
@@ -102,21 +106,20 @@ def synthetic_batch(cfg: model_lib.ModelConfig, batch_size: int, source_length: 
 def run(config) -> dict[str, float]:
   """Benchmarks the configured model; prints a report and returns (and prints last) the JSON figures."""
   # The model, optimiser (adam_*, grad_clip_norm, learning_rate_scale), mesh and jitted step of training.
-  s = experiment.compute_setup(config)
-  cfg, model, mesh, rules = s.model.cfg, s.model, s.mesh, s.rules
+  setup = experiment.compute_setup(config)
+  cfg, model, mesh, rules = setup.model.cfg, setup.model, setup.mesh, setup.rules
   bench = config.benchmark
-  batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
-  # Padded as the input pipeline pads training batches.
-  batch_size = input_pipeline.padded_rows(batch_size, s.data_shards * config.train.grad_accum_steps)
+  requested = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
+  abstract_state = setup.abstract_state()
+  state_sharding = jax.tree.map(lambda x: x.sharding, abstract_state)
+  step_fn, _ = train.jit_steps(setup, state_sharding)
+  # Compiled on the abstract state first: nothing is allocated until a batch that fits is found.
+  batch_size, compiled, compile_time = _fitting_step(setup, step_fn, abstract_state, requested)
   host_batch = synthetic_batch(cfg, batch_size, bench.source_length, bench.target_length)
   batch_sharding = sharding.batch_sharding(mesh)
   batch = {k: jax.device_put(v, batch_sharding) for k, v in host_batch.items()}
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state, state_sharding = experiment.sharded_train_state(jax.random.key(0), model, s.tx, batch, mesh, rules)
-    step_fn, _ = train.jit_steps(s, state_sharding)
-    start = time.perf_counter()
-    compiled = step_fn.lower(state, batch).compile()
-    compile_time = time.perf_counter() - start
+    state, _ = experiment.sharded_train_state(jax.random.key(0), model, setup.tx, batch, mesh, rules)
     xla_flops = float((compiled.cost_analysis() or {}).get('flops', float('nan')))
     state, _ = compiled(state, batch)
     times = []
@@ -140,6 +143,46 @@ def run(config) -> dict[str, float]:
       'grad_accum_steps': config.train.grad_accum_steps}
   _print_report(results, peak_source)
   return results
+
+
+def _fitting_step(setup, step_fn, abstract_state, batch_size: int):
+  """(batch size, compiled step, compile seconds) for the largest batch <= batch_size that fits in memory.
+
+  The batch is padded as the input pipeline pads training batches, and halved while the compiled step needs
+  more memory than the devices (or the host) have (`memory.fits`); the change is logged and printed.
+
+  Raises:
+    memory.DoesNotFitError: if even the smallest batch (one row per data shard) does not fit.
+  """
+  config, bench = setup.config, setup.config.benchmark
+  num_shards = setup.data_shards * config.train.grad_accum_steps
+  requested = batch_size = input_pipeline.padded_rows(batch_size, num_shards)
+  batch_sharding = sharding.batch_sharding(setup.mesh)
+  while True:
+    lengths = {'source_tokens': bench.source_length, 'decoder_input_tokens': bench.target_length,
+               'target_tokens': bench.target_length}
+    batch = {k: jax.ShapeDtypeStruct((batch_size, n), jnp.int32, sharding=batch_sharding) for k, n in lengths.items()}
+    start = time.perf_counter()
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+      compiled = step_fn.lower(abstract_state, batch).compile()
+    compile_time = time.perf_counter() - start
+    ok, sentence = memory.fits(compiled, setup.mesh.devices.flat)
+    if ok:
+      if batch_size != requested:
+        message = (f'benchmark: batch_size {requested} does not fit in memory; benchmarking batch_size '
+                   f'{batch_size}, which {sentence}.')
+        logging.warning(message)
+        print(message)
+      return batch_size, compiled, compile_time
+    smaller = input_pipeline.padded_rows(max(batch_size // 2, 1), num_shards)
+    if smaller >= batch_size:
+      raise memory.DoesNotFitError(
+          f'The benchmark train step at batch [{batch_size}, {bench.source_length} + {bench.target_length}] '
+          f'{sentence}, even at the smallest batch (one row per data shard). Lower benchmark.source_length and '
+          'benchmark.target_length (benchmark.batch_size is already at its minimum), use a smaller model, or '
+          'shard the state over more devices (mesh.fsdp).')
+    logging.warning('benchmark: batch_size %d %s; trying %d.', batch_size, sentence, smaller)
+    batch_size = smaller
 
 
 def _decode_rate(params, model, config, host_batch) -> float:

@@ -10,6 +10,12 @@ Orbax writes each step into a temporary directory and renames it once every proc
 so a save cut short by preemption never appears in `all_steps()`. Damage after the fact (a
 truncated or deleted file) is caught by `restore_latest`, which falls back to the previous step.
 
+A save that fails in orbax's background thread (disk full, a permission changed, a failing write)
+raises `CheckpointSaveError` naming its step from the first `save` call after the failure (at the latest
+from the next save that is due, which waits for it), or from `wait_until_finished`/`close`. Orbax deletes
+old steps beyond `max_to_keep` only after a new step has committed, so every step written before the
+failure stays on disk and the newest of them restorable.
+
 Every public method is multi-host safe in the usual orbax sense: all processes call it with the
 same arguments; orbax writes each process's shards and synchronises the processes itself.
 
@@ -47,6 +53,10 @@ def committed_steps(directory: str | os.PathLike[str]) -> list[int]:
   if not epath.Path(directory).is_dir():
     return []
   return sorted(m.step for m in ocp.step.standard_name_format().find_all(epath.Path(directory)))
+
+
+class CheckpointSaveError(RuntimeError):
+  """A checkpoint save failed; the message names the step, the directory and the steps left on disk."""
 
 
 class Restored(NamedTuple):
@@ -110,6 +120,8 @@ class CheckpointManager:
       self._workdir = os.path.abspath(self._workdir)
     self._directory = os.path.join(self._workdir, subdir)
     self._best_metric = best_metric
+    self._save_interval_steps = save_interval_steps
+    self._pending_step: int | None = None  # A started save not yet confirmed complete.
     # The same naming orbax uses by default (`<step>`, committed steps only); kept here so that the
     # fingerprint can be read before the orbax manager creates anything on disk.
     self._name_format = ocp.step.standard_name_format()
@@ -217,21 +229,53 @@ class CheckpointManager:
 
     Raises:
       ValueError: if `data_state` is not JSON-serialisable.
+      CheckpointSaveError: if an earlier save has failed in the background (checked without blocking
+        at every call, and by waiting for it before a save that is due), or this save fails to start.
     """
     data_state = _to_json(data_state, 'data_state')
+    self._raise_if_failed(wait=force or step % self._save_interval_steps == 0)
     if step in self._manager.all_steps():
       logging.info('Checkpoint step %d already exists in %s; not saving it again.', step,
                    self._directory)
       return False
-    return self._manager.save(
-        step,
-        args=ocp.args.Composite(**{
-            _STATE: ocp.args.StandardSave(state),
-            _DATA_STATE: ocp.args.JsonSave(data_state),
-            _METADATA: ocp.args.JsonSave({'fingerprint': self._fingerprint}),
-        }),
-        metrics=None if metrics is None else {k: float(v) for k, v in metrics.items()},
-        force=force)
+    previous, self._pending_step = self._pending_step, step
+    try:
+      started = self._manager.save(
+          step,
+          args=ocp.args.Composite(**{
+              _STATE: ocp.args.StandardSave(state),
+              _DATA_STATE: ocp.args.JsonSave(data_state),
+              _METADATA: ocp.args.JsonSave({'fingerprint': self._fingerprint}),
+          }),
+          metrics=None if metrics is None else {k: float(v) for k, v in metrics.items()},
+          force=force)
+    except Exception as e:  # pylint: disable=broad-except
+      # Orbax first waits for a save still in flight (only at a preemption save between intervals).
+      raise self._save_error(step if previous is None else previous, e) from e
+    if not started:
+      self._pending_step = previous
+    return started
+
+  def _raise_if_failed(self, wait: bool) -> None:
+    """Raises CheckpointSaveError if the save in flight has failed; waits for it to end if `wait`."""
+    if self._pending_step is None or not (wait or not self._manager.is_saving_in_progress()):
+      return
+    try:
+      self._manager.wait_until_finished()  # Re-raises the background thread's exception.
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(self._pending_step, e) from e
+    self._pending_step = None
+
+  def _save_error(self, step: int, error: Exception) -> CheckpointSaveError:
+    self._pending_step = None
+    kept = sorted(m.step for m in self._name_format.find_all(self._directory)) if os.path.isdir(
+        self._directory) else []
+    newest = f'the newest, step {kept[-1]}, was complete before this save' if kept else 'none is restorable'
+    logging.error('Checkpoint step %d failed: %s: %s', step, type(error).__name__, error)
+    return CheckpointSaveError(
+        f'Saving checkpoint step {step} in {self._directory} failed ({type(error).__name__}: {error}). '
+        f'Stopped so that no further steps run unsaved. Steps on disk: {kept} ({newest}); '
+        'free space or fix the permissions, then rerun to resume.')
 
   def metrics(self, step: int) -> dict[str, float] | None:
     """The metrics saved with checkpoint `step` (see `save`), or None."""
@@ -245,12 +289,24 @@ class CheckpointManager:
     return sorted(steps, key=lambda step: (-(self.metrics(step) or {}).get(self._best_metric, -math.inf), step))
 
   def wait_until_finished(self) -> None:
-    """Blocks until the last asynchronous save is on disk (and old steps are deleted)."""
+    """Blocks until the last asynchronous save is on disk (and old steps are deleted).
+
+    Raises:
+      CheckpointSaveError: if that save failed.
+    """
+    self._raise_if_failed(wait=True)
     self._manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits for pending saves and releases orbax's threads."""
-    self._manager.close()
+    """Waits for pending saves and releases orbax's threads.
+
+    Raises:
+      CheckpointSaveError: if the last save failed (orbax's threads are released all the same).
+    """
+    try:
+      self._raise_if_failed(wait=True)
+    finally:
+      self._manager.close()
 
   def __enter__(self) -> CheckpointManager:
     return self
@@ -306,20 +362,30 @@ class CheckpointManager:
     Returns:
       Restored(step, state, data_state), or None if the workdir holds no checkpoint.
 
+    With several processes, all of them restore the same step: they must list the same steps
+    (else the workdir is not shared), and a step that fails on any process is skipped by all.
+
     Raises:
       ValueError: if checkpoints exist but none can be restored. Failing every step is more
         likely a mismatch between `abstract_state` and the saved state than damage to all of
         them, and training from scratch in a workdir with newer steps would never save again.
+        Also if the processes list different steps.
     """
     _require_shardings(abstract_state, 'abstract_state')
+    steps = self.all_steps()
+    _agree_across_processes(steps, f'the checkpoint steps in {self._directory}')
     failures = []
-    for step in reversed(self.all_steps()):
+    for step in reversed(steps):
       try:
         state, data_state = self.restore(step, abstract_state)
+        error = None
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning('Checkpoint step %d in %s is unusable (%s: %s); trying the previous one.',
-                        step, self._directory, type(e).__name__, e)
-        failures.append(f'step {step}: {type(e).__name__}: {e}')
+        error = f'{type(e).__name__}: {e}'
+      if not _all_processes(error is None):
+        error = error or 'unusable on another process'
+        logging.warning('Checkpoint step %d in %s is unusable (%s); trying the previous one.',
+                        step, self._directory, error)
+        failures.append(f'step {step}: {error}')
         continue
       return Restored(step, state, data_state)
     if failures:
@@ -399,6 +465,27 @@ class CheckpointManager:
     if step not in self._manager.all_steps():
       raise ValueError(f'No checkpoint for step {step} in {self._directory}; '
                        f'steps: {self.all_steps()}.')
+
+
+def _agree_across_processes(steps: list[int], what: str) -> None:
+  """Raises ValueError unless every process lists the same steps (a no-op for one process)."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  summary = np.array([len(steps), steps[-1] if steps else -1, hash(tuple(steps)) % (2**31)], np.int64)
+  gathered = np.asarray(multihost_utils.process_allgather(summary)).reshape(jax.process_count(), 3)
+  if np.any(gathered != gathered[0]):
+    seen = {p: f'{int(n)} steps, latest {int(last) if last >= 0 else None}' for p, (n, last, _) in enumerate(gathered)}
+    raise ValueError(f'The processes disagree on {what}: {seen}. The workdir must be shared storage that every '
+                     'process reads and writes.')
+
+
+def _all_processes(ok: bool) -> bool:
+  """Whether `ok` holds on every process."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.all(np.asarray(multihost_utils.process_allgather(np.array([ok])))))
 
 
 def average_checkpoints(manager: CheckpointManager, steps: list[int], abstract_subtree: PyTree,

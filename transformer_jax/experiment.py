@@ -23,6 +23,7 @@ import optax
 
 from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import distributed
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import multi30k
@@ -123,9 +124,9 @@ def validate_config(config) -> model_lib.ModelConfig:
            config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
   _validate_selection(config.eval, train_cfg)
   model_cfg = model_lib.ModelConfig(vocab_size=data_cfg.vocab_size, **config.model)  # Checks model.*.
-  _require(model_cfg.max_length >= data_cfg.max_length or model_cfg.position_embedding != 'learned',
-           'data.max_length', data_cfg.max_length, f'<= model.max_length={model_cfg.max_length} with learned '
-           'positions')
+  _require(model_cfg.max_length >= data_cfg.max_length + decode_cfg.extra_length or model_cfg.position_embedding
+           != 'learned', 'data.max_length + decode.extra_length', data_cfg.max_length + decode_cfg.extra_length,
+           f'<= model.max_length={model_cfg.max_length} with learned positions (the longest decode)')
   _check_mesh_divides_model(config, model_cfg, sharding.mesh_shape(config.mesh, jax.device_count()),
                             sharding.logical_axis_rules(config.mesh))
   optim.make_optimizer(optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale),
@@ -322,6 +323,7 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
   model_cfg = s.model.cfg
   check_data_files(config.data, data_splits)
   _check_writable(workdir)
+  distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
   # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would
   # otherwise leave a second spm_<vocab_size>.model behind before failing.
   manager = open_checkpoints(config, workdir, model_cfg)

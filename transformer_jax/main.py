@@ -41,8 +41,11 @@ flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omit
 flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.distributed.initialize() before any '
                      'JAX use. Unset: only when a multi-process launcher is detected (JAX_COORDINATOR_ADDRESS with '
                      'JAX_NUM_PROCESSES and JAX_PROCESS_ID, an srun step of several tasks, mpirun with several '
-                     'ranks, a multi-worker Cloud TPU slice; sharding.distributed_environment). --multihost forces '
+                     'ranks, a multi-worker Cloud TPU slice; distributed.distributed_environment). --multihost forces '
                      'it (launch/tpu_vm.sh run passes it), --nomultihost forbids it.')
+flags.DEFINE_integer('initialization_timeout_secs', None, 'Multi-host: seconds to wait for every process to join '
+                     "jax.distributed before stopping with the expected and actual process counts (unset: JAX's "
+                     'default, 300).')
 
 
 class _QuietLibraries(python_logging.Filter):
@@ -78,11 +81,11 @@ def main(argv):
     return
   if workdir is None:
     raise app.UsageError(f'--workdir is required for --mode={mode}')
+  from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
-  from transformer_jax import sharding  # pylint: disable=g-import-not-at-top
   if mode in ('evaluate', 'translate'):
     config = experiment.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
-  sharding.initialize_distributed(flags.FLAGS.multihost)  # Before any call that starts a JAX backend.
+  distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   experiment.log_backend(config)
   from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top
   from transformer_jax import train  # pylint: disable=g-import-not-at-top

@@ -36,6 +36,7 @@ from transformer_jax import evaluate as evaluate_lib
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
 from transformer_jax import losses
+from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import workdir as workdir_lib
@@ -376,6 +377,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     if jax.process_index() == 0:
       workdir_lib.save_config(config, workdir)  # For notebooks and --mode=evaluate/translate.
     data = _load_data(setup)
+    memory.check_train_step(setup, jit_steps)  # Stops before any state is allocated if the step cannot fit.
     state, state_sharding = _restore_or_init(setup, data)
     train_fn, eval_fn = jit_steps(setup, state_sharding)
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None

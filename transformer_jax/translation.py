@@ -26,9 +26,11 @@ Array = jax.Array
 CACHE_STAGES = (16, 32, 64, 128, 256)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length', 'cache_stages'))
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length', 'cache_stages',
+                                             'with_scores'))
 def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int,
-                 alpha: float, extra_length: int, cache_stages: tuple[int, ...] = CACHE_STAGES) -> Array:
+                 alpha: float, extra_length: int, cache_stages: tuple[int, ...] = CACHE_STAGES,
+                 with_scores: bool = False) -> Array | tuple[Array, Array]:
   """Translates one batch: encoder once, then cached beam search (or greedy when beam_size is 1).
 
   The maximum output length is the source length (tokens, EOS included) + extra_length (§6.1: +50).
@@ -42,14 +44,22 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
     extra_length: extra output tokens allowed beyond the source length.
     cache_stages: decoded lengths at which the self-attention cache grows (the search compiles one loop
       per stage below the maximum length); () keeps the whole length from the start. Same output.
+    with_scores: return every hypothesis with its score (beam search even at beam_size 1).
 
   Returns:
-    int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS.
+    int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS. With with_scores, the
+    `decoding.beam_search` pair: tokens [batch, beam_size, src_len + extra_length], scores [batch, beam_size].
+
+  Raises:
+    ValueError: with learned positions, if src_len + extra_length exceeds model.max_length.
   """
   batch_size, source_length = source_tokens.shape
   source_segment_ids = model_lib.segment_ids_from_tokens(source_tokens)
   memory = model.apply({'params': params}, source_tokens, source_segment_ids, method='encode')
   max_steps = source_length + extra_length
+  if model.cfg.position_embedding == 'learned' and max_steps > model.cfg.max_length:  # Else silent NaN.
+    raise ValueError(f'decoding {source_length} source positions + decode.extra_length={extra_length} needs '
+                     f'{max_steps} rows of the learned position table; model.max_length={model.cfg.max_length}')
   max_decode_lengths = jnp.sum(source_segment_ids, axis=-1) + extra_length  # [batch]
   cache_stages = tuple(n for n in cache_stages if n < max_steps)
   _, variables = model.apply({'params': params}, memory, source_segment_ids, min(cache_stages or (max_steps,)),
@@ -67,10 +77,10 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
   common = dict(batch_size=batch_size, max_decode_lengths=max_decode_lengths, max_steps=max_steps,
                 eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID,
                 cache_stages=cache_stages, grow_cache=model_lib.grow_decoding_cache)
-  if beam_size == 1:
+  if beam_size == 1 and not with_scores:
     return decoding.greedy_search(step_fn, cache, **common)
-  tokens, _ = decoding.beam_search(step_fn, cache, beam_size=beam_size, alpha=alpha, **common)
-  return tokens[:, 0, :]
+  tokens, scores = decoding.beam_search(step_fn, cache, beam_size=beam_size, alpha=alpha, **common)
+  return (tokens, scores) if with_scores else tokens[:, 0, :]
 
 
 def _flat(tree) -> dict:

@@ -1,0 +1,81 @@
+"""Memory checks before running (#16 class 11): the compiled step's memory_analysis() against an available-memory
+figure that the tests make small by monkeypatching `memory.available_bytes` (nothing here needs much memory)."""
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from transformer_jax import benchmark
+from transformer_jax import experiment
+from transformer_jax import memory
+from transformer_jax import train
+
+from configs import tiny  # pylint: disable=g-bad-import-order
+
+
+def limit_memory(monkeypatch, nbytes):
+  monkeypatch.setattr(memory, 'available_bytes', lambda devices=None: (nbytes, 'test limit'))
+
+
+def compiled_matmul(n):
+  return jax.jit(lambda x: x @ x).lower(jax.ShapeDtypeStruct((n, n), jnp.float32)).compile()
+
+
+def test_check_fits_compares_memory_analysis_with_the_limit(monkeypatch):
+  compiled = compiled_matmul(512)
+  need = memory.memory_figures(compiled)['total_in_bytes']
+  assert need >= 2 * 512 * 512 * 4  # The argument and the output.
+  limit_memory(monkeypatch, need)
+  assert memory.fits(compiled)[0]
+  limit_memory(monkeypatch, need - 1)
+  with pytest.raises(memory.DoesNotFitError, match=r'The product needs \d+\.\d\d GiB per device, \d+\.\d\d GiB '
+                                                   r'available \(test limit\): it would run out of memory\. '
+                                                   r'Lower a\.x, b\.y'):
+    memory.check_fits(compiled, what='The product', fields=('a.x', 'b.y'))
+
+
+def test_host_memory_is_shared_by_the_cpu_devices():
+  have, source = memory.available_bytes(jax.local_devices())
+  host = memory.host_available_bytes()
+  assert have == int(host * memory.HOST_MEMORY_FRACTION) // jax.local_device_count()
+  assert f'shared by {jax.local_device_count()} CPU devices' in source
+
+
+def _tiny_benchmark_config(batch_size):
+  config = tiny.get_config()
+  config.benchmark.update(batch_size=batch_size, source_length=8, target_length=8, num_steps=1, decode_sentences=2)
+  config.decode.extra_length = 2
+  return config
+
+
+@pytest.mark.slow  # ~50 s on the shared 2-core machine: five compiles.
+def test_benchmark_lowers_the_batch_until_the_step_fits(monkeypatch, capsys):
+  config = _tiny_benchmark_config(32)
+  s = experiment.compute_setup(config)
+  abstract_state = s.abstract_state()
+  step_fn, _ = train.jit_steps(s, jax.tree.map(lambda x: x.sharding, abstract_state))
+  need = {b: memory.memory_figures(benchmark._fitting_step(s, step_fn, abstract_state, b)[1])['total_in_bytes']
+          for b in (16, 32)}
+  assert need[16] < need[32]
+  limit_memory(monkeypatch, (need[16] + need[32]) // 2)  # 32 rows do not fit, 16 do.
+  results = benchmark.run(config)
+  out = capsys.readouterr().out
+  assert 'benchmark: batch_size 32 does not fit in memory; benchmarking batch_size 16, which needs' in out
+  assert results['batch_size'] == 16 == json.loads(out.strip().splitlines()[-1])['batch_size']
+
+
+def test_benchmark_stops_naming_the_fields_when_no_batch_fits(monkeypatch):
+  limit_memory(monkeypatch, 1024)
+  with pytest.raises(memory.DoesNotFitError, match=r'The benchmark train step at batch \[8, 8 \+ 8\] needs .* '
+                                                   r'available \(test limit\), even at the smallest batch.*'
+                                                   r'benchmark\.source_length and benchmark\.target_length'):
+    benchmark.run(_tiny_benchmark_config(8))  # One row per data shard already.
+
+
+def test_train_step_check_names_the_batch_fields(monkeypatch):
+  s = experiment.compute_setup(tiny.get_config())
+  limit_memory(monkeypatch, 1024)
+  with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[8, 32\] needs .*'
+                                                   r'Lower data\.tokens_per_batch, data\.max_length'):
+    memory.check_train_step(s, train.jit_steps)
