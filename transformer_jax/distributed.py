@@ -114,6 +114,8 @@ class Topology:
   hint: str = ''                 # Why the devices could differ, for the error message.
 
   def said(self, processes: bool = False) -> str:
+    """' (VAR=value, ...)': the variables the promise came from (only the process-count ones with
+    processes=True), for error messages; '' when there are none."""
     sources = [s for s in self.sources if not processes or not s.startswith(_DEVICE_VARIABLES)]
     return f' ({", ".join(sources)})' if sources else ''
 
