@@ -90,6 +90,32 @@ def test_benchmark_mode_runs(name, capsys):
   _run_benchmark(load_config(name), capsys)
 
 
+def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, capsys):
+  """The benchmark jits `train.jit_steps` of a Setup built by `experiment.compute_setup`: its optimiser honours
+  every train.* optimiser field (it once built its own Adam, ignoring them)."""
+  config = load_config('tiny')
+  config.train.update(learning_rate_scale=3.0, adam_b1=0.8, adam_b2=0.9, adam_eps=1e-6, grad_clip_norm=0.5,
+                      warmup_steps=7)
+  used = []
+  real = train.jit_steps
+  monkeypatch.setattr(train, 'jit_steps', lambda setup, *args: used.append(setup) or real(setup, *args))
+  _run_benchmark(config, capsys)
+  assert len(used) == 1
+  setup = used[0]
+  schedule = optim.rsqrt_schedule(config.model.d_model, 7, 3.0)
+  expected_tx = optim.make_optimizer(schedule, b1=0.8, b2=0.9, eps=1e-6, grad_clip_norm=0.5)
+  params = {'w': jnp.arange(6.0).reshape(2, 3)}
+  grads = {'w': jnp.array([[3.0, -4.0, 0.5], [10.0, 0.0, -2.0]])}  # Norm 11.6: clipped to 0.5.
+  state, expected_state = setup.tx.init(params), expected_tx.init(params)
+  for _ in range(3):  # Three updates: the moments (b1, b2, eps) and the schedule both show.
+    updates, state = setup.tx.update(grads, state, params)
+    expected, expected_state = expected_tx.update(grads, expected_state, params)
+    np.testing.assert_allclose(updates['w'], expected['w'], rtol=1e-6)
+  default_tx = optim.make_optimizer(optim.rsqrt_schedule(config.model.d_model, 7))
+  other, _ = default_tx.update(grads, default_tx.init(params), params)
+  assert not np.allclose(other['w'], setup.tx.update(grads, setup.tx.init(params), params)[0]['w'])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name, row', [('base', None), ('big', None)] + [
     ('table3', row) for row in ('A1', 'A2', 'A3', 'A4', 'B1', 'B2', 'C1', 'C2', 'C3', 'C4', 'C5', 'C6', 'C7',

@@ -240,9 +240,12 @@ def test_greedy_matches_numpy():
 
 
 def test_jit_and_eager_trace_agree():
+  # Under disable_jit the search's lax.while_loop / fori_loop run as Python loops, op by op: a genuinely
+  # different execution of the same program (without it, the loops would be compiled in both runs).
   model = make_model(seed=5, batch=2)
   jitted = run_beam(model, [4, 3], beam_size=3, alpha=0.6, max_steps=5, jit=True)
-  eager = run_beam(model, [4, 3], beam_size=3, alpha=0.6, max_steps=5, jit=False)
+  with jax.disable_jit():
+    eager = run_beam(model, [4, 3], beam_size=3, alpha=0.6, max_steps=5, jit=False)
   np.testing.assert_array_equal(jitted[0], eager[0])
   np.testing.assert_allclose(jitted[1], eager[1], rtol=1e-6)
 

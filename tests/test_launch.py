@@ -35,8 +35,13 @@ def stub(tmp_path, name):
   return {'PATH': f'{bin_dir}{os.pathsep}{os.environ["PATH"]}'}
 
 
-def test_expected_scripts_exist():
-  assert {p.name for p in SCRIPTS} >= {'tpu_vm.sh', 'slurm.sbatch', 'sweep_table3.sh'}
+def test_expected_scripts_exist_run_as_commands_and_stop_on_errors():
+  assert {p.name for p in SCRIPTS} >= {'tpu_vm.sh', 'slurm.sbatch', 'sweep_table3.sh', 'accelerator_check.sh'}
+  for script in SCRIPTS:
+    lines = script.read_text().splitlines()
+    assert os.access(script, os.X_OK), f'{script.name} is not executable (git update-index --chmod=+x)'
+    assert lines[0] == '#!/usr/bin/env bash', script.name
+    assert 'set -euo pipefail' in lines, f'{script.name} would carry on after a failed command'
 
 
 @pytest.mark.parametrize('script', SCRIPTS, ids=lambda p: p.name)

@@ -396,8 +396,10 @@ def test_empty_and_long_lines_through_main(monkeypatch, tmp_path, caplog, capsys
   logged = messages(caplog)
   assert (f'Training pairs: {SPLITS["train"]} kept; skipped 3 with an empty side and 1 longer than '
           'max_length=32.') in logged
-  assert 'Truncated 1 source sentences to max_length=32 tokens (EOS included); lines [3].' in logged
-  assert 'Truncated 1 target sentences to max_length=32 tokens (EOS included); lines [3].' in logged
+  assert 'Truncated 1 of 17 source sentences to max_length=32 tokens (EOS included); lines [3].' in logged
+  # The long target is left out of the validation loss, not cut (#16 class 10).
+  assert ('1 of 17 evaluation lines longer than data.max_length=32 (EOS included) on the target side: left out '
+          'of the validation loss') in logged
   hypotheses = (workdir / 'test.hyp.de').read_text(encoding='utf-8').split('\n')
   assert len(hypotheses) == SPLITS['test'] + 2 and hypotheses[-1] == ''  # One line per test line, '\n'-ended.
   assert re.search(r'^bleu: \d+\.\d\d ', capsys.readouterr().out, re.MULTILINE)
