@@ -132,6 +132,7 @@ def test_slurm_one_process_per_node_sees_all_gpus(tmp_path):
   assert out.splitlines()[-1] == 'JAX_LOCAL_DEVICE_IDS=0,1,2,3'
 
 
+@pytest.mark.slow  # ~100 s: the script's whole check list (tests, benchmark, compile) on the CPU.
 def test_accelerator_check_dry_run_writes_its_report(tmp_path):
   """launch/accelerator_check.sh --dry-run: the accelerator tests and every benchmark at tiny sizes on the CPU."""
   out = tmp_path / 'report.json'

@@ -173,6 +173,7 @@ def _check_against_one_process(tmp_path, steps):
   return pair, single
 
 
+@pytest.mark.slow  # Two processes each import TensorFlow and compile the decoder: ~15 s.
 def test_two_processes_evaluate_and_translate_like_one(tmp_path):
   pair, single = _check_against_one_process(tmp_path, steps=0)
   # Each process fed its half of every batch of 4 rows (the last one half padding) and got every row back.

@@ -12,7 +12,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO_ROOT / 'notebooks' / 'inspect.ipynb'
 
 
-# ~30 s on 2 idle cores (TensorFlow import, a 40-step tiny run, three validations): CI executes the notebook.
+# ~30 s on 2 idle cores (TensorFlow import, a 40-step tiny run, three validations).
+@pytest.mark.slow
 def test_inspect_notebook_runs_on_a_tiny_run(multi30k_dir, tmp_path):
   nbformat = pytest.importorskip('nbformat', reason='needs the test extra (nbmake)')
   nbclient = pytest.importorskip('nbclient', reason='needs the test extra (nbmake)')
