@@ -211,8 +211,6 @@ def start(multihost: bool | None = None, initialization_timeout_secs: int | None
   """
   initialize_distributed(multihost, initialization_timeout_secs=initialization_timeout_secs)
   check_topology(expected_topology(), jax.process_count(), jax.local_device_count())
-  logging.info('JAX process %d/%d, %d local devices: %s', jax.process_index(), jax.process_count(),
-               jax.local_device_count(), jax.devices())
 
 
 def check_shared_workdir(workdir: str, timeout_secs: float = 120.0, poll_secs: float = 0.2) -> None:

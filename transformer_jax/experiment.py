@@ -495,9 +495,9 @@ def config_for_mode(config, workdir: str, mode: str):
 def log_backend(config) -> None:
   """Logs the backend and devices in use, once; warns when a config sized for accelerators runs on a CPU."""
   devices = jax.devices()
-  logging.info('JAX %s on %s: process %d of %d, %d devices (%d local): %s', jax.__version__,
+  logging.info('JAX %s on %s: process %d of %d, %d devices (%d local: %s)', jax.__version__,
                jax.default_backend(), jax.process_index(), jax.process_count(), len(devices),
-               jax.local_device_count(), ', '.join(sorted({d.device_kind for d in devices})))
+               jax.local_device_count(), ', '.join(str(d) for d in jax.local_devices()))
   big = config.model.d_model >= 512 or config.data.tokens_per_batch >= 8192
   if jax.default_backend() == 'cpu' and big:
     logging.warning('This config is sized for accelerators (model.d_model=%d, data.tokens_per_batch=%d) and runs '

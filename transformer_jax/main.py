@@ -49,8 +49,9 @@ flags.DEFINE_integer('initialization_timeout_secs', None, 'Multi-host: seconds t
 
 
 class _QuietLibraries(python_logging.Filter):
-  """Drops orbax's and TFDS's INFO records (dozens per checkpoint); keeps their warnings and our logs."""
-  _NOISY = (f'{os.sep}orbax{os.sep}', f'{os.sep}tensorflow_datasets{os.sep}')
+  """Drops orbax's, TFDS's and JAX's INFO records (dozens per checkpoint; 'Unable to initialize backend tpu'
+  on every start of a CPU or GPU machine); keeps their warnings and our logs."""
+  _NOISY = (f'{os.sep}orbax{os.sep}', f'{os.sep}tensorflow_datasets{os.sep}', f'{os.sep}jax{os.sep}_src{os.sep}')
 
   def filter(self, record):
     return record.levelno > python_logging.INFO or not any(p in record.pathname for p in self._NOISY)
