@@ -53,3 +53,10 @@ def test_public_definitions_have_docstrings_that_name_what_they_raise(path):
 def test_docstrings_do_not_point_outside_the_repository(path):
   for name, node in [('module', ast.parse(path.read_text()))] + list(public_definitions(path)):
     assert '../shared/' not in (ast.get_docstring(node) or '').replace('../shared/data/', ''), (path.name, name)
+
+
+def test_readme_layout_lists_every_module():
+  readme = (PACKAGE.parent / 'README.md').read_text()
+  layout = readme[readme.index('## Layout'):]
+  missing = [path.name for path in MODULES if path.name != '__init__.py' and f'| `{path.name}` |' not in layout]
+  assert not missing, f"README's layout table lacks {missing}"
