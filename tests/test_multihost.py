@@ -30,6 +30,8 @@ from transformer_jax import sharding
 from transformer_jax import train
 from transformer_jax import translation
 
+import processes  # pylint: disable=g-bad-import-order  (tests/processes.py)
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_SECS = 600  # Compiling on a shared 2-core machine; normally ~20 s.
 
@@ -146,14 +148,7 @@ def _start(tmp_path, steps: int, num_processes: int, devices_per_process: int):
 
 def _results(started) -> list[dict]:
   """Waits for every process (killing all on a timeout) and reads their JSON results."""
-  try:
-    logs = [proc.communicate(timeout=TIMEOUT_SECS)[0] for proc, _ in started]
-  finally:
-    for proc, _ in started:
-      proc.kill()
-  for (proc, _), log in zip(started, logs):
-    assert proc.returncode == 0, log[-3000:]
-  return [json.loads(out.read_text()) for _, out in started]
+  return processes.results(started, TIMEOUT_SECS)
 
 
 def _check_against_one_process(tmp_path, steps):

@@ -20,6 +20,8 @@ import pytest
 from transformer_jax import checkpoints
 from transformer_jax import distributed
 
+import processes  # pylint: disable=g-bad-import-order  (tests/processes.py)
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_SECS = 300
 
@@ -72,14 +74,7 @@ def _run_pair(tmp_path, workdirs) -> list[dict]:
     started.append((subprocess.Popen(
         [sys.executable, __file__, f'--workdirs={",".join(map(str, workdirs))}', f'--out={out}'],
         env=env | {'JAX_PROCESS_ID': str(i)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out))
-  try:
-    logs = [proc.communicate(timeout=TIMEOUT_SECS)[0] for proc, _ in started]
-  finally:
-    for proc, _ in started:
-      proc.kill()
-  for (proc, _), log in zip(started, logs):
-    assert proc.returncode == 0, log[-3000:]
-  return [json.loads(out.read_text()) for _, out in started]
+  return processes.results(started, TIMEOUT_SECS)
 
 
 def _write_checkpoints(workdir, steps):
