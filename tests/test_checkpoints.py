@@ -320,3 +320,19 @@ def test_background_save_failure_stops_naming_the_step_and_keeps_good_checkpoint
       abstract(make_state(mesh), mesh))
   assert restored.step == 4 and restored.data_state == {'position': 4}
   assert_trees_equal(restored.state, make_state(mesh, seed=4))
+
+
+def test_checkpoints_of_older_code_still_open_with_todays_fingerprint(tmp_path):
+  """A fingerprint written before ModelConfig gained attention_product_dtype (and the variant fields) must
+  agree with today's for the same architecture: those fields change no parameter or are at their defaults."""
+  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'tiny.py')
+  model_cfg = experiment.validate_config(config)
+  today = experiment._fingerprint(config, model_cfg)  # pylint: disable=protected-access
+  old_fields = ('vocab_size', 'num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'dropout_rate',
+                'attention_dropout_rate', 'position_embedding', 'layer_norm_position', 'scale_embeddings',
+                'max_length', 'dtype', 'attention_impl', 'remat')  # ModelConfig's fields at 2026-11-30.
+  older = {'model': {key: today['model'].get(key) for key in old_fields}, 'data': today['data']}
+  older['model'].update(dtype=None, attention_impl=None, remat=None)
+  assert today == older

@@ -3,6 +3,7 @@
 Every test runs configs/tiny.py on the synthetic corpus of tiny_runs.py, checks what the workdir holds
 afterwards and, where a run is resumed, that its batches and metrics equal those of an uninterrupted run.
 """
+import json
 import logging
 import os
 import pathlib
@@ -414,3 +415,33 @@ def test_training_stops_before_the_first_step_when_the_step_cannot_fit(monkeypat
                                                    r'Lower data\.tokens_per_batch'):
     train.train_and_evaluate(text_config(corpus), str(tmp_path))
   assert checkpoint_steps(tmp_path) == []  # No state was allocated and no step ran.
+
+
+def test_a_run_trained_before_new_config_fields_still_evaluates(tmp_path, corpus, reference_run):
+  """A config.json written before data.tokenizer_seed and data.tokenizer_normalization existed: evaluate and
+  translate fill them with their defaults (the behaviour the run had) instead of failing on them."""
+  workdir = tmp_path / 'old'
+  shutil.copytree(reference_run.workdir, workdir)
+  stored = json.loads((workdir / 'config.json').read_text())
+  for key in ('tokenizer_seed', 'tokenizer_normalization'):
+    del stored['data'][key]
+  (workdir / 'config.json').write_text(json.dumps(stored))
+  for config in (text_config(corpus), workdir_lib.get_config(str(workdir))):  # --config given, or left out.
+    resolved = experiment.config_for_mode(config, str(workdir), 'evaluate')
+    assert resolved.data.tokenizer_seed == 0 and resolved.data.tokenizer_normalization == 'nmt_nfkc'
+    experiment.validate_config(resolved)
+
+
+def test_mode_evaluate_writes_a_new_folder_and_leaves_the_runs_files(tmp_path, corpus, reference_run):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  before = snapshot(workdir)
+  config = experiment.config_for_mode(text_config(corpus), str(workdir), 'evaluate')
+  for _ in range(2):  # Twice, however close in time: two folders.
+    results = evaluate.evaluate_checkpoint(config, str(workdir))
+  folders = sorted((workdir / 'evaluations').iterdir())
+  assert len(folders) == 2
+  for folder in folders:
+    assert json.loads((folder / 'final_metrics.json').read_text())['loss'] == pytest.approx(results['loss'])
+  after = snapshot(workdir)
+  assert {path: after[path] for path in before} == before  # The training run's own outputs are untouched.

@@ -31,6 +31,7 @@ from transformer_jax import experiment
 from transformer_jax import memory
 from transformer_jax import sharding
 from transformer_jax import train
+from transformer_jax import workdir as workdir_lib
 
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
 
@@ -52,8 +53,8 @@ def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[st
 
   Returns:
     (the `jax.stages.Compiled` step, a dict of figures: mesh, batch shape, parameter count, per-device
-    memory in bytes, per-device and total HLO FLOPs, collective counts, compile seconds, and whether the step fits in this
-    machine's memory (`memory.fits`)).
+    memory in bytes, per-device and total HLO FLOPs, collective counts, compile seconds, and whether the step
+    fits in this machine's memory (`memory.fits`)).
 
   Raises:
     ValueError: for a bad config value (see `experiment.validate_config`) or a mesh the model does not divide by.
@@ -111,7 +112,7 @@ def compile_only(config, workdir: str | None) -> dict[str, Any]:
   print(format_report(figures))
   print(json.dumps(figures))
   if workdir and jax.process_index() == 0:
-    path = epath.Path(workdir) / 'compile.json'  # epath: a gs:// workdir works too.
+    path = epath.Path(workdir_lib.path(workdir, workdir_lib.COMPILE_REPORT))  # epath: gs:// works too.
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(figures, indent=2))
     logging.info('Compile figures written to %s', path)

@@ -90,7 +90,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
   if not deterministic and dropout_rate > 0.0:
     weights = numerics.dropout(weights, dropout_rate, dropout_rng)
   grouped_weights = weights.astype(value.dtype).reshape(batch, key.shape[2], groups, q_len, key.shape[1])
-  output = numerics.einsum('bhgqk,bkhv->bqhgv', grouped_weights, value).reshape(batch, q_len, num_heads, value.shape[-1])
+  output = numerics.einsum('bhgqk,bkhv->bqhgv', grouped_weights, value)  # [batch, q_len, kv_heads, groups, d_v]
+  output = output.reshape(batch, q_len, num_heads, value.shape[-1])
   return output.astype(out_dtype), weights
 
 

@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from transformer_jax import workdir as workdir_lib
+
 PyTree = Any
 
 _STATE = 'state'
@@ -87,7 +89,7 @@ class CheckpointManager:
 
   def __init__(self, workdir: str | os.PathLike[str], *, max_to_keep: int | None = None,
                save_interval_steps: int = 1, fingerprint: dict | None = None,
-               async_save: bool = True, read_only: bool = False, subdir: str = 'checkpoints',
+               async_save: bool = True, read_only: bool = False, subdir: str = workdir_lib.CHECKPOINTS,
                best_metric: str | None = None):
     """Opens (and, once the fingerprint check has passed, creates) `<workdir>/<subdir>`.
 
@@ -268,8 +270,7 @@ class CheckpointManager:
 
   def _save_error(self, step: int, error: Exception) -> CheckpointSaveError:
     self._pending_step = None
-    kept = sorted(m.step for m in self._name_format.find_all(self._directory)) if os.path.isdir(
-        self._directory) else []
+    kept = committed_steps(self._directory)
     newest = f'the newest, step {kept[-1]}, was complete before this save' if kept else 'none is restorable'
     logging.error('Checkpoint step %d failed: %s: %s', step, type(error).__name__, error)
     return CheckpointSaveError(
@@ -471,7 +472,6 @@ def _agree_across_processes(steps: list[int], what: str) -> None:
   """Raises ValueError unless every process lists the same steps (a no-op for one process)."""
   if jax.process_count() == 1:
     return
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   summary = np.array([len(steps), steps[-1] if steps else -1, hash(tuple(steps)) % (2**31)], np.int64)
   gathered = np.asarray(multihost_utils.process_allgather(summary)).reshape(jax.process_count(), 3)
   if np.any(gathered != gathered[0]):
@@ -484,7 +484,6 @@ def _all_processes(ok: bool) -> bool:
   """Whether `ok` holds on every process."""
   if jax.process_count() == 1:
     return ok
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return bool(np.all(np.asarray(multihost_utils.process_allgather(np.array([ok])))))
 
 

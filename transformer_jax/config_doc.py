@@ -4,6 +4,7 @@ The meanings are the comments of configs/base.py, where every default lives: a f
 comment lines just above it. Reading them from that file keeps one source for the defaults and their
 explanations.
 """
+import json
 import os
 import pathlib
 import re
@@ -12,7 +13,7 @@ import ml_collections
 
 from transformer_jax import workdir as workdir_lib
 
-BASE_CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
+BASE_CONFIG = workdir_lib.BASE_CONFIG
 _SECTION = re.compile(r'^\s*config\.(\w+) = ml_collections\.ConfigDict\(')
 _FIELD = re.compile(r'^\s{6}(\w+)=[^#]*?(?:#\s*(.*))?$')
 _COMMENT = re.compile(r'^\s*#\s?(.*)$')
@@ -69,8 +70,7 @@ def describe(config: ml_collections.ConfigDict) -> str:
       section = key.split('.')[0]
       lines.append(f'\n[{section}]')
     line = f'{key} = {value!r}'
-    if key in defaults and defaults[key] != value and not (isinstance(value, (tuple, list))
-                                                          and list(value) == list(defaults[key])):
+    if key in defaults and json.dumps(defaults[key]) != json.dumps(value):  # Tuples and lists alike.
       line += f'  (default: {defaults[key]!r})'
     if key in comments:
       line += f'\n    {comments[key]}'

@@ -186,7 +186,7 @@ def load_params(setup: Setup):
     steps = sorted(manager.best_steps()[:1 if selection == 'best' else setup.config.eval.average_best_n])
   if not steps:
     raise FileNotFoundError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
-  logging.info('Averaging the parameters of checkpoint steps %s (eval.checkpoint_selection=%s).', steps,
+  logging.info('Using the parameters of checkpoint steps %s, averaged (eval.checkpoint_selection=%s).', steps,
                selection)
   return checkpoints_lib.average_checkpoints(manager, steps, setup.abstract_state().params), steps
 
@@ -270,8 +270,19 @@ def _write_final_metrics(setup: Setup, output_dir: str, results: dict[str, float
     record = {key: float(value) for key, value in results.items()} | (run_info or {}) | {
         'checkpoint_steps': list(steps), 'checkpoint_selection': setup.config.eval.checkpoint_selection,
         'num_params': num_params}
+    epath.Path(output_dir).mkdir(parents=True, exist_ok=True)
     epath.Path(workdir_lib.path(output_dir, workdir_lib.FINAL_METRICS)).write_text(
         json.dumps(record, indent=2, sort_keys=True))
+
+
+def _new_evaluation_dir(workdir: str) -> str:
+  """`<workdir>/evaluations/<YYYYmmdd-HHMMSS>[-<n>]`, a name no earlier evaluation has used."""
+  stem = workdir_lib.path(workdir, f'{workdir_lib.EVALUATIONS}/{time.strftime("%Y%m%d-%H%M%S")}')
+  name, n = stem, 0
+  while epath.Path(name).exists():
+    n += 1
+    name = f'{stem}-{n}'
+  return name
 
 
 def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
@@ -289,7 +300,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
   data_cfg = config.data
   setup = experiment.setup(config, workdir, data_splits=(data_cfg.eval_split,) + (
       (data_cfg.test_split,) if config.train.translate_at_end else ()))
-  output_dir = workdir_lib.path(workdir, f'{workdir_lib.EVALUATIONS}/{time.strftime("%Y%m%d-%H%M%S")}')
+  output_dir = _new_evaluation_dir(workdir)
   try:
     eval_split = experiment.encode_split(setup, data_cfg.eval_split)
     eval_fn = jit_eval_step(setup, jax.tree.map(lambda x: x.sharding, setup.abstract_state().params))

@@ -7,6 +7,7 @@ that `Setup.abstract_state` can describe a checkpoint without initialising one.
 """
 import dataclasses
 import functools
+import json
 import math
 import time
 from typing import Any, NamedTuple
@@ -319,8 +320,8 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
     FileNotFoundError: for a missing input file.
     OSError: if the workdir cannot be created or written.
   """
-  s = compute_setup(config, workdir)
-  model_cfg = s.model.cfg
+  built = compute_setup(config, workdir)
+  model_cfg = built.model.cfg
   check_data_files(config.data, data_splits)
   _check_writable(workdir)
   distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
@@ -340,7 +341,7 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
     manager.close()  # Its threads would outlive the error.
     raise
   best = open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
-  return dataclasses.replace(s, tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best)
+  return dataclasses.replace(built, tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best)
 
 
 def open_checkpoints(config, workdir: str,
@@ -370,7 +371,7 @@ def open_best_checkpoints(config, workdir: str,
   """
   return checkpoints_lib.CheckpointManager(
       workdir, max_to_keep=config.eval.average_best_n, fingerprint=_fingerprint(config, model_cfg),
-      subdir='best_checkpoints', best_metric='bleu')
+      subdir=workdir_lib.BEST_CHECKPOINTS, best_metric='bleu')
 
 
 # ModelConfig fields added after checkpoints existed: left out of the fingerprint at their defaults, so that
@@ -379,8 +380,8 @@ _FIELDS_ADDED_LATER = {'norm': 'layer_norm', 'feed_forward': 'relu', 'num_kv_hea
 
 
 def _fingerprint(config, model_cfg: model_lib.ModelConfig) -> dict:
-  model = dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None,
-                                          'attention_product_dtype': None}
+  model = dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None}
+  del model['attention_product_dtype']  # Changes no parameter; absent from older fingerprints, so left out.
   model = {key: value for key, value in model.items()
            if key not in _FIELDS_ADDED_LATER or value != _FIELDS_ADDED_LATER[key]}
   return {'model': model,
@@ -419,12 +420,12 @@ def encode_split(setup: Setup, split: str) -> Split:
                input_pipeline.encode(setup.tokenizer, target))
 
 
-def make_eval_batches(s: Setup, source_ids, target_ids) -> list[dict[str, np.ndarray]]:
+def make_eval_batches(setup: Setup, source_ids, target_ids) -> list[dict[str, np.ndarray]]:
   """Evaluation batches of a whole split (`input_pipeline.eval_batches`) for this host."""
-  data_cfg = s.config.data
+  data_cfg = setup.config.data
   return input_pipeline.eval_batches(
       source_ids, target_ids, tokens_per_batch=data_cfg.tokens_per_batch, max_length=data_cfg.max_length,
-      bucket_lengths=data_cfg.bucket_lengths, batch_size_multiple=s.data_shards,
+      bucket_lengths=data_cfg.bucket_lengths, batch_size_multiple=setup.data_shards,
       process_index=jax.process_index(), process_count=jax.process_count())
 
 
@@ -436,12 +437,13 @@ _EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'train.translat
 
 
 def _leaves(config, prefix: str = '') -> dict[str, Any]:
+  """{'section.field': value} with tuples as lists, nested ones too (as config.json stores them)."""
   leaves = {}
   for key, value in config.items():
     if hasattr(value, 'items'):
       leaves |= _leaves(value, f'{prefix}{key}.')
     else:
-      leaves[f'{prefix}{key}'] = list(value) if isinstance(value, tuple) else value
+      leaves[f'{prefix}{key}'] = json.loads(json.dumps(value)) if isinstance(value, (tuple, list)) else value
   return leaves
 
 
@@ -469,17 +471,19 @@ def config_for_mode(config, workdir: str, mode: str):
   if not checkpoints_lib.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)):
     raise FileNotFoundError(f'--mode={mode}: no checkpoint in {workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)}'
                             ': train first (--mode=train)')
-  stored = workdir_lib.load_config(stored_path)
+  stored = workdir_lib.with_defaults(workdir_lib.load_config(stored_path))
   vocabulary = workdir_lib.path(workdir, workdir_lib.vocabulary_file(stored.data.vocab_size))
   if not epath.Path(vocabulary).is_file():
     raise FileNotFoundError(f'--mode={mode}: the run\'s vocabulary {vocabulary} is missing')
   given, kept = _leaves(config), _leaves(stored)
   resolved, ignored = stored, []
   for key, value in given.items():
-    if key not in kept or value == kept[key]:
+    if key in kept and value == kept[key]:
       continue
-    if key.startswith(_EVALUATION_FIELDS):
-      section, name = key.split('.', 1)
+    section, name = key.split('.', 1)
+    if key not in kept:  # A field added after the run was trained: its default (the code's behaviour then).
+      resolved[section][name] = value
+    elif key.startswith(_EVALUATION_FIELDS):
       resolved[section][name] = value
     elif key.startswith(('model.', 'data.')):
       raise ValueError(f'--mode={mode}: {key}={value!r} differs from the run in {workdir} ({key}={kept[key]!r} '

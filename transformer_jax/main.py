@@ -140,7 +140,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
   workdir = _flag_value(argv, 'workdir')
   if config is None and workdir and pathlib.Path(workdir_lib.path(workdir, workdir_lib.CONFIG)).is_file():
     argv = [*argv, f'--config={workdir_lib.__file__}:{workdir}']
-  elif config is None:
+  elif config is None and not any(arg.startswith('--helpfull') or arg == '--helpxml' for arg in argv):
     sys.exit('--config is required' + (f': --workdir={workdir} holds no run (no config.json)' if workdir else '')
              + '; e.g. --config=configs/multi30k.py (--help for usage)')
   return argv

@@ -28,9 +28,11 @@ from absl import flags
 import scipy.stats
 import tabulate
 
+from transformer_jax import workdir as workdir_lib
+
 _DEFAULT_ROWS = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'table3.py'
-CONFIG_FILE = 'config.json'
-METRICS_FILE = 'final_metrics.json'
+CONFIG_FILE = workdir_lib.CONFIG
+METRICS_FILE = workdir_lib.FINAL_METRICS
 SWEEP_STATUS_FILE = 'sweep_status.json'
 
 # (column header, key of a row record).

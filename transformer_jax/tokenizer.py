@@ -15,7 +15,8 @@ Text normalisation policy (`data.tokenizer_normalization`, one of NORMALIZATIONS
 default SentencePiece's rule `nmt_nfkc`, as in tensor2tensor and flax's wmt example. `decode(encode(x)) == x` holds
 for any text in Unicode NFKC form without leading, trailing or repeated whitespace (accents, CJK, emoji and other
 characters unseen in training included). Otherwise the result is the normalised text: compatibility characters are
-folded ('ﬁ' -> 'fi', full-width 'Ａ' -> 'A', '…' -> '...') and whitespace is trimmed and collapsed to single spaces.
+folded ('ﬁ' -> 'fi', full-width 'Ａ' -> 'A', '…' -> '...') and whitespace is trimmed and collapsed to single
+spaces.
 Training sentences are normalised the same way, so this only changes text, never loses it. BLEU is computed against
 the raw references, not normalised ones, so a normalised character in a hypothesis can cost BLEU: `round_trip`
 counts the lines that change, and `input_pipeline.get_tokenizer` logs that count for the validation targets when it
@@ -32,6 +33,8 @@ from etils import epath
 import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
+
+from transformer_jax import workdir as workdir_lib
 
 PAD_ID = 0
 BOS_ID = 1
@@ -213,7 +216,7 @@ def train_or_load(workdir: str | os.PathLike[str],
     raise ValueError(f'data.tokenizer_normalization must be one of {NORMALIZATIONS}, got {normalization!r}.')
   if not isinstance(seed, int) or not 0 <= seed < 2**32:
     raise ValueError(f'data.tokenizer_seed must be an integer in [0, 2**32), got {seed!r}.')
-  path = epath.Path(workdir) / f'spm_{vocab_size}.model'
+  path = epath.Path(workdir_lib.path(workdir, workdir_lib.vocabulary_file(vocab_size)))
   if not path.exists() and process_index == 0:
     texts = sentences()
     start = time.perf_counter()

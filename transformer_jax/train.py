@@ -289,10 +289,11 @@ def _restore_or_init(setup: Setup, data: _Data) -> tuple[TrainState, Any]:
   restored = setup.checkpoints.restore_latest(abstract)
   if restored is None:
     state, _ = experiment.sharded_train_state(jax.random.key(setup.config.train.seed), setup.model, setup.tx,
-                                   setup.device_batch(data.eval_batches[0]), setup.mesh, setup.rules)
+                                              setup.device_batch(data.eval_batches[0]), setup.mesh, setup.rules)
     return state, state_sharding
   if restored.step != newest:
-    setup.checkpoints.set_aside_newer_than(restored.step, workdir_lib.path(setup.workdir, workdir_lib.UNUSABLE_CHECKPOINTS))
+    setup.checkpoints.set_aside_newer_than(restored.step,
+                                           workdir_lib.path(setup.workdir, workdir_lib.UNUSABLE_CHECKPOINTS))
   data.train_iter.set_state(restored.data_state)
   logging.info('Resumed from checkpoint step %d in %s.', restored.step, setup.checkpoints.directory)
   return restored.state, state_sharding
@@ -338,20 +339,24 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
   return state, None
 
 
-def _finished_run(setup: Setup) -> dict[str, float] | None:
+def _finished_run(setup: Setup) -> dict[str, Any] | None:
   """The stored final metrics when the workdir's run has trained all train.num_train_steps and been evaluated
   (a rerun of the same command then does nothing: no second test translation, no duplicate TensorBoard
   points); else None."""
   metrics_path = epath.Path(workdir_lib.path(setup.workdir, workdir_lib.FINAL_METRICS))
-  if setup.checkpoints.latest_step() != setup.config.train.num_train_steps or not metrics_path.is_file():
+  steps = setup.config.train.num_train_steps
+  if setup.checkpoints.latest_step() != steps or not metrics_path.is_file():
+    return None
+  metrics = json.loads(metrics_path.read_text())
+  if metrics.get('train_steps') != steps:  # The evaluation of an earlier, shorter run: evaluate again.
     return None
   logging.warning('The run in %s is finished (step %d of %d; final figures in %s): nothing to do. Evaluate it '
                   'again with --mode=evaluate, or raise train.num_train_steps to train on.', setup.workdir,
-                  setup.config.train.num_train_steps, setup.config.train.num_train_steps, metrics_path)
-  return json.loads(metrics_path.read_text())
+                  steps, steps, metrics_path)
+  return metrics
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, float]:
+def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Trains (resuming from the latest checkpoint in workdir), evaluates periodically, then translates.
 
   A run that has already trained every step and been evaluated is left as it is (its final_metrics.json
@@ -388,7 +393,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     setup.checkpoints.wait_until_finished()
     if stopped_at is not None:
       logging.warning('Stopped by %s after step %d: saved checkpoint step %d in %s. Run the same command to '
-                      'resume.', stop.reason, stopped_at, setup.checkpoints.latest_step(), setup.checkpoints.directory)
+                      'resume.', stop.reason, stopped_at, setup.checkpoints.latest_step(),
+                      setup.checkpoints.directory)
       return {'stopped_at_step': stopped_at}
     return evaluate_lib.final_evaluation(setup, eval_fn, data.eval_batches, writer, test_split=data.test,
                             eval_split=data.eval_split, run_info=run_info)

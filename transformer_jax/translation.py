@@ -134,7 +134,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     tokens, index = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
     for row in np.flatnonzero(index >= 0):
       outputs[int(index[row])] = tokens[row]
-    if time.perf_counter() - last_log > log_every_seconds:
+    if jax.process_index() == 0 and time.perf_counter() - last_log > log_every_seconds:
       done, seconds = sum(x is not None for x in outputs), time.perf_counter() - start
       logging.info('Decoded %d of %d sentences in %.0f s (%.1f sentences/s, about %.0f s left).', done,
                    num_sentences, seconds, done / seconds, (num_sentences - done) * seconds / max(done, 1))

@@ -12,8 +12,9 @@
     evaluations/<YYYYmmdd-HHMMSS>/      each --mode=evaluate's hypotheses and final_metrics.json
     events.out.tfevents.*               TensorBoard scalars
 
-Every module that reads or writes one of these names it through this module. Paths are strings, joined with
-`/`, so that a `gs://` workdir works wherever the writer (orbax, epath, tensorboardX) supports it.
+The package's modules name these files and folders through this module's constants and functions. Paths are
+strings, joined with `/`, so that a `gs://` workdir works wherever the writer (orbax, epath, tensorboardX)
+supports it.
 """
 import importlib.util
 import json
@@ -107,4 +108,23 @@ def get_config(workdir: str) -> ml_collections.ConfigDict:
   file = path(workdir, CONFIG)
   if not epath.Path(file).is_file():
     raise FileNotFoundError(f'{file} does not exist: --workdir={workdir} holds no run (pass --config=...)')
-  return load_config(file)
+  return with_defaults(load_config(file))
+
+
+BASE_CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
+
+
+def with_defaults(stored: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A stored config with every field it lacks (added to the code after the run was trained) at its default
+  from configs/base.py, which is the behaviour the run had. Returned as is when configs/ is not beside the
+  package."""
+  if not BASE_CONFIG.is_file():
+    return stored
+  for section, fields in load_config(BASE_CONFIG).items():
+    if section not in stored:
+      stored[section] = fields
+      continue
+    for key, value in fields.items():
+      if key not in stored[section]:
+        stored[section][key] = value
+  return stored
