@@ -283,10 +283,12 @@ def test_evaluate_and_translate_start_from_the_runs_config(tmp_path, corpus, ref
       experiment.config_for_mode(text_config(corpus), str(empty), mode)
   assert not list(empty.iterdir())
   config = text_config(corpus)
-  config.decode.beam_size, config.train.warmup_steps = 7, 999
+  config.decode.beam_size, config.train.warmup_steps, config.model.dropout_rate = 7, 999, 0.3
   resolved = experiment.config_for_mode(config, str(reference_run.workdir), 'evaluate')
+  stored = workdir_lib.load_config(reference_run.workdir)
   assert resolved.decode.beam_size == 7  # Decoding fields come from the command line,
-  assert resolved.train.warmup_steps == workdir_lib.load_config(reference_run.workdir).train.warmup_steps  # training's not.
+  assert resolved.train.warmup_steps == stored.train.warmup_steps  # training's do not,
+  assert resolved.model.dropout_rate == stored.model.dropout_rate  # nor the model's training-only ones.
   config.model.d_model = 64
   with pytest.raises(ValueError, match=r'--mode=translate: model.d_model=64 differs from the run in .*'
                                        r'\(model.d_model=32 in .*config.json\); only decoding and evaluation'):

@@ -433,7 +433,10 @@ def make_eval_batches(setup: Setup, source_ids, target_ids) -> list[dict[str, np
 # where the input files are now, and the mesh. Anything else is the run's own.
 _EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'train.translate_at_end', 'data.eval_split',
                       'data.test_split', 'data.manual_dir', 'data.tfds_data_dir', 'data.train_files',
-                      'data.eval_files', 'data.test_files', 'data.tokens_per_batch')
+                      'data.eval_files', 'data.test_files', 'data.tokens_per_batch', 'model.dtype',
+                      'model.attention_impl', 'model.attention_product_dtype')
+# Model fields that act in training only: a config file's values (today's recipe, say) are not an error.
+_TRAINING_ONLY_MODEL_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', 'model.remat')
 
 
 def _leaves(config, prefix: str = '') -> dict[str, Any]:
@@ -451,8 +454,9 @@ def config_for_mode(config, workdir: str, mode: str):
   """The config --mode=evaluate/translate runs with: the run's `<workdir>/config.json`, changed only where the
   command line's config changes decoding or evaluation fields (`_EVALUATION_FIELDS`). Reads only.
 
-  Training fields that differ (a config file's schedule, say) are the run's own: the stored values are kept,
-  and the log says which were ignored.
+  Training fields that differ (a config file's schedule or dropout rate, say) are the run's own: the stored
+  values are kept, and the log says which were ignored. The compute dtype and attention implementation may
+  change (they change no parameter).
 
   Args:
     config: the command line's config (--config with its overrides, or the stored one when --config was
@@ -485,7 +489,7 @@ def config_for_mode(config, workdir: str, mode: str):
       resolved[section][name] = value
     elif key.startswith(_EVALUATION_FIELDS):
       resolved[section][name] = value
-    elif key.startswith(('model.', 'data.')):
+    elif key.startswith(('model.', 'data.')) and key not in _TRAINING_ONLY_MODEL_FIELDS:
       raise ValueError(f'--mode={mode}: {key}={value!r} differs from the run in {workdir} ({key}={kept[key]!r} '
                        f'in {stored_path}); only decoding and evaluation fields may change')
     else:
