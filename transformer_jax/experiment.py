@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import json
 import math
-import time
 from typing import Any, NamedTuple
 
 from absl import logging
@@ -329,11 +328,7 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
   # otherwise leave a second spm_<vocab_size>.model behind before failing.
   manager = open_checkpoints(config, workdir, model_cfg)
   try:
-    start, existed = time.perf_counter(), epath.Path(
-        workdir_lib.path(workdir, workdir_lib.vocabulary_file(model_cfg.vocab_size))).is_file()
     tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
-    logging.info('Vocabulary: %s, %d pieces, %s in %.1f s.', workdir_lib.vocabulary_file(model_cfg.vocab_size),
-                 tokenizer.vocab_size, 'loaded' if existed else 'trained', time.perf_counter() - start)
     if tokenizer.vocab_size != model_cfg.vocab_size:
       raise ValueError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
                        f'data.vocab_size={model_cfg.vocab_size}')

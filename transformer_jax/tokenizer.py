@@ -217,7 +217,9 @@ def train_or_load(workdir: str | os.PathLike[str],
   if not isinstance(seed, int) or not 0 <= seed < 2**32:
     raise ValueError(f'data.tokenizer_seed must be an integer in [0, 2**32), got {seed!r}.')
   path = epath.Path(workdir_lib.path(workdir, workdir_lib.vocabulary_file(vocab_size)))
-  if not path.exists() and process_index == 0:
+  if path.exists():
+    logging.info('Loading the vocabulary %s (%d pieces).', path, vocab_size)
+  elif process_index == 0:
     texts = sentences()
     start = time.perf_counter()
     try:
