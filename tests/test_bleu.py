@@ -136,4 +136,12 @@ def test_lowercased_tokenized_bleu_ignores_case_and_counts_tokens():
   hypothesis = ['ein mann fährt mit seinem haus-boot über den see', REFERENCES[1]]
   scores = bleu.all_bleu(hypothesis, REFERENCES, 'de')
   assert 0.0 < scores['lowercased_tokenized_bleu'] < 100.0
-  assert set(scores) == {'bleu', 'bleu_signature', 'tokenized_bleu', 'lowercased_tokenized_bleu'}
+  assert set(scores) == {'bleu', 'bleu_signature', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'length_ratio'}
+
+
+@pytest.mark.parametrize('hypothesis, ratio', [('a b c', 0.75), ('a b c d', 1.0), ('a b c d e f', 1.5)])
+def test_length_ratio_is_hypothesis_over_reference_tokens(hypothesis, ratio):
+  scores = bleu.all_bleu([hypothesis, REFERENCES[0]], ['a b c d', REFERENCES[0]], 'de')
+  tokens = len(sacrebleu.tokenizers.tokenizer_13a.Tokenizer13a()(REFERENCES[0]).split())
+  assert scores['length_ratio'] == pytest.approx((len(hypothesis.split()) + tokens) / (4 + tokens))
+  assert (scores['length_ratio'] < 1) == (ratio < 1)

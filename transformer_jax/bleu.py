@@ -110,10 +110,16 @@ def sacrebleu_score(hypotheses: Sequence[str], references: References, lang: str
     ValueError: if a reference stream has another number of lines than hypotheses, or they are empty.
     ImportError: as `check_sacrebleu_tokenizer`.
   """
+  result, signature = _sacrebleu_result(hypotheses, references, lang)
+  return result.score, signature
+
+
+def _sacrebleu_result(hypotheses: Sequence[str], references: References,
+                      lang: str) -> tuple[sacrebleu.metrics.bleu.BLEUScore, str]:
+  """sacreBLEU's whole result (score, n-gram precisions, brevity penalty, lengths) and its signature."""
   streams = _reference_streams(hypotheses, references)
   metric = _metric(sacrebleu_tokenizer(lang))
-  result = metric.corpus_score(list(hypotheses), streams)
-  return result.score, str(metric.get_signature())
+  return metric.corpus_score(list(hypotheses), streams), str(metric.get_signature())
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,13 +204,14 @@ def lowercased_tokenized_bleu(hypotheses: Sequence[str], references: References,
 
 def all_bleu(hypotheses: Sequence[str], references: References, lang: str) -> dict[str, float | str]:
   """The three BLEUs of the module docstring, as {'bleu', 'bleu_signature', 'tokenized_bleu',
-  'lowercased_tokenized_bleu'}.
+  'lowercased_tokenized_bleu'}, and sacreBLEU's `length_ratio` (hypothesis tokens / reference tokens, 13a
+  or the language's tokenizer; below 1 its brevity penalty exp(1 - 1/ratio) lowers BLEU).
 
   Raises:
     ValueError: if a reference stream differs in size from hypotheses, or they are empty.
   """
-  score, signature = sacrebleu_score(hypotheses, references, lang)
-  return {'bleu': score, 'bleu_signature': signature,
+  result, signature = _sacrebleu_result(hypotheses, references, lang)
+  return {'bleu': result.score, 'bleu_signature': signature, 'length_ratio': result.sys_len / result.ref_len,
           'tokenized_bleu': tokenized_bleu(hypotheses, references, lang),
           'lowercased_tokenized_bleu': lowercased_tokenized_bleu(hypotheses, references, lang)}
 

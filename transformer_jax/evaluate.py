@@ -111,19 +111,23 @@ def validate(setup: Setup, eval_fn, params, eval_batches, step: int) -> dict[str
   return metrics
 
 
-def translate_ids(setup: Setup, params, source_ids, target_ids=None, beam_size: int | None = None) -> list[str]:
-  """Beam search (decode.*; `beam_size` overrides decode.beam_size) over tokenised sources, in order."""
+def translate_ids(setup: Setup, params, source_ids, target_ids=None, beam_size: int | None = None,
+                  alpha: float | None = None) -> list[str]:
+  """Beam search (decode.*; `beam_size` and `alpha` override decode.beam_size and decode.alpha) over tokenised
+  sources, in order."""
   if target_ids is None:
     target_ids = input_pipeline.Ragged.from_lists([[] for _ in range(len(source_ids))])
   batches = experiment.make_eval_batches(setup, source_ids, target_ids)
   decode_cfg = setup.config.decode
   return translation.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
-                                beam_size=beam_size or decode_cfg.beam_size, alpha=decode_cfg.alpha,
+                                beam_size=beam_size or decode_cfg.beam_size,
+                                alpha=decode_cfg.alpha if alpha is None else alpha,
                                 extra_length=decode_cfg.extra_length,
                                 batch_sharding=sharding.batch_sharding(setup.mesh))
 
 
-def translate_split(setup: Setup, params, split, beam_size: int | None = None) -> tuple[list[str], dict, float]:
+def translate_split(setup: Setup, params, split, beam_size: int | None = None,
+                    alpha: float | None = None) -> tuple[list[str], dict, float]:
   """Translates a split with beam search and scores it (`bleu.all_bleu`).
 
   Args:
@@ -131,12 +135,13 @@ def translate_split(setup: Setup, params, split, beam_size: int | None = None) -
     params: the parameters to decode with.
     split: `encode_split` of the split (texts and ids).
     beam_size: overrides decode.beam_size (1: greedy).
+    alpha: overrides decode.alpha.
 
   Returns:
     (hypotheses, the three BLEUs and the sacreBLEU signature, seconds spent decoding).
   """
   start = time.perf_counter()
-  hypotheses = translate_ids(setup, params, split.source_ids, split.target_ids, beam_size=beam_size)
+  hypotheses = translate_ids(setup, params, split.source_ids, split.target_ids, beam_size=beam_size, alpha=alpha)
   seconds = time.perf_counter() - start
   return hypotheses, bleu.all_bleu(hypotheses, split.target_texts, setup.config.data.target_lang), seconds
 
@@ -154,13 +159,15 @@ def validation_bleu(setup: Setup, params, eval_split, step: int) -> dict[str, fl
     step: the training step, for the log line.
 
   Returns:
-    {'bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'bleu_seconds'} (see `bleu.all_bleu`).
+    {'bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'length_ratio', 'bleu_seconds'} (see
+    `bleu.all_bleu`).
   """
   beam_size = setup.config.eval.bleu_beam_size or setup.config.decode.beam_size
   _, scores, seconds = translate_split(setup, params, eval_split, beam_size)
-  logging.info('validation BLEU at step %d | bleu %.2f | lowercased tokenized %.2f | beam %d | %.1f s', step,
-               scores['bleu'], scores['lowercased_tokenized_bleu'], beam_size, seconds)
-  return {key: scores[key] for key in _BLEUS} | {'bleu_seconds': seconds}
+  logging.info('validation BLEU at step %d | bleu %.2f | lowercased tokenized %.2f | length ratio %.3f | beam %d '
+               '| %.1f s', step, scores['bleu'], scores['lowercased_tokenized_bleu'], scores['length_ratio'],
+               beam_size, seconds)
+  return {key: scores[key] for key in _BLEUS + ('length_ratio',)} | {'bleu_seconds': seconds}
 
 
 def load_params(setup: Setup):
@@ -212,8 +219,9 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
 
   Returns:
     Validation loss, nll, perplexity, accuracy; with train.translate_at_end also `validation_bleu`,
-    `validation_lowercased_tokenized_bleu`, and the test split's `bleu` (sacreBLEU), `tokenized_bleu`,
-    `lowercased_tokenized_bleu` and `decode_sentences_per_sec`.
+    `validation_lowercased_tokenized_bleu`, `validation_length_ratio`, and the test split's `bleu`
+    (sacreBLEU), `tokenized_bleu`, `lowercased_tokenized_bleu`, `length_ratio` and
+    `decode_sentences_per_sec`.
   """
   params, steps = load_params(setup)
   data_cfg = setup.config.data
@@ -227,12 +235,13 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
     eval_split = eval_split or experiment.encode_split(setup, data_cfg.eval_split)
     hypotheses, scores, _ = translate_split(setup, params, eval_split)
     results |= {'validation_bleu': scores['bleu'],
-                'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu']}
+                'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu'],
+                'validation_length_ratio': scores['length_ratio']}
     _write_hypotheses(setup, output_dir, data_cfg.eval_split, hypotheses)
     test_split = test_split or experiment.encode_split(setup, data_cfg.test_split)
     hypotheses, scores, seconds = translate_split(setup, params, test_split)
   path = _write_hypotheses(setup, output_dir, data_cfg.test_split, hypotheses)
-  results |= {key: scores[key] for key in _BLEUS}
+  results |= {key: scores[key] for key in _BLEUS + ('length_ratio',)}
   results['decode_sentences_per_sec'] = len(hypotheses) / seconds
   write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
   _write_final_metrics(setup, output_dir, results, steps, params, run_info)
@@ -244,10 +253,13 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
 
 def _print_bleu(setup: Setup, results: dict[str, float], signature: str, steps: list[int]) -> None:
   """The lines a final evaluation prints: validation BLEU, then the test split's three BLEUs."""
+  decode_cfg = setup.config.decode
   print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {setup.config.data.eval_split}; lowercased '
-        f'tokenized {results["validation_lowercased_tokenized_bleu"]:.2f})')
-  print(f'bleu: {results["bleu"]:.2f}  ({signature}; beam {setup.config.decode.beam_size}, '
-        f'{setup.config.eval.checkpoint_selection}: averaged steps {steps})')
+        f'tokenized {results["validation_lowercased_tokenized_bleu"]:.2f}; length ratio '
+        f'{results["validation_length_ratio"]:.3f})')
+  print(f'bleu: {results["bleu"]:.2f}  ({signature}; beam {decode_cfg.beam_size}, alpha {decode_cfg.alpha:g}, '
+        f'length ratio {results["length_ratio"]:.3f}, {setup.config.eval.checkpoint_selection}: averaged steps '
+        f'{steps})')
   print(f'tokenized_bleu: {results["tokenized_bleu"]:.2f}  (tokenized, compound-split, as in the paper)')
   print(f'lowercased_tokenized_bleu: {results["lowercased_tokenized_bleu"]:.2f}  (lowercased, Moses-normalised '
         'and -tokenised, multi-bleu: the Multi30k literature\'s BLEU)')
@@ -275,8 +287,8 @@ def _write_final_metrics(setup: Setup, output_dir: str, results: dict[str, float
         json.dumps(record, indent=2, sort_keys=True))
 
 
-def _new_evaluation_dir(workdir: str) -> str:
-  """`<workdir>/evaluations/<YYYYmmdd-HHMMSS>[-<n>]`, a name no earlier evaluation has used."""
+def new_evaluation_dir(workdir: str) -> str:
+  """`<workdir>/evaluations/<YYYYmmdd-HHMMSS>[-<n>]`, a name no earlier evaluation has used (not created)."""
   stem = workdir_lib.path(workdir, f'{workdir_lib.EVALUATIONS}/{time.strftime("%Y%m%d-%H%M%S")}')
   name, n = stem, 0
   while epath.Path(name).exists():
@@ -300,7 +312,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
   data_cfg = config.data
   setup = experiment.setup(config, workdir, data_splits=(data_cfg.eval_split,) + (
       (data_cfg.test_split,) if config.train.translate_at_end else ()))
-  output_dir = _new_evaluation_dir(workdir)
+  output_dir = new_evaluation_dir(workdir)
   try:
     eval_split = experiment.encode_split(setup, data_cfg.eval_split)
     eval_fn = jit_eval_step(setup, jax.tree.map(lambda x: x.sharding, setup.abstract_state().params))

@@ -3,12 +3,13 @@
   python -m transformer_jax.main --config=configs/base.py --workdir=runs/base [--config.train.warmup_steps=8000]
   python -m transformer_jax.main --workdir=runs/base --mode=evaluate [--config.decode.beam_size=5]
   python -m transformer_jax.main --workdir=runs/base --mode=translate --input=en.txt --output=de.txt
+  python -m transformer_jax.main --workdir=runs/base --mode=tune_decoding --beam_sizes=4,6 --alphas=0.6,1.0
   python -m transformer_jax.main --config=configs/table3.py:B1 --mode=summary
   python -m transformer_jax.main --config=configs/multi30k.py --mode=config   # Every field, default, meaning.
 
---config may be left out when --workdir holds a run: its config.json is the config then. --mode=evaluate and
---mode=translate always start from the run's config.json; the command line may change only decoding and
-evaluation fields (`experiment.config_for_mode`). Config files load from any working directory.
+--config may be left out when --workdir holds a run: its config.json is the config then. --mode=evaluate,
+--mode=translate and --mode=tune_decoding always start from the run's config.json; the command line may change
+only decoding and evaluation fields (`experiment.config_for_mode`). Config files load from any working directory.
 """
 import os
 import pathlib
@@ -28,7 +29,7 @@ from ml_collections import config_flags
 
 from transformer_jax import tfds_downloads
 
-MODES = ('train', 'evaluate', 'translate', 'summary', 'benchmark', 'compile', 'config')
+MODES = ('train', 'evaluate', 'translate', 'tune_decoding', 'summary', 'benchmark', 'compile', 'config')
 
 config_flags.DEFINE_config_file('config', None, 'Configuration file (configs/*.py[:argument]); default: the '
                                 '<workdir>/config.json of an existing run. --mode=config lists every field.',
@@ -38,6 +39,8 @@ flags.DEFINE_enum('mode', 'train', MODES, 'What to do (config: print every confi
                   'and meaning, and exit).')
 flags.DEFINE_string('input', None, 'translate mode: input file, one sentence per line (stdin if omitted).')
 flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omitted).')
+flags.DEFINE_list('beam_sizes', ['4'], 'tune_decoding mode: beam sizes to decode the validation split with.')
+flags.DEFINE_list('alphas', ['0.6', '0.8', '1.0', '1.2'], 'tune_decoding mode: length penalty exponents to try.')
 flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.distributed.initialize() before any '
                      'JAX use. Unset: only when a multi-process launcher is detected (JAX_COORDINATOR_ADDRESS with '
                      'JAX_NUM_PROCESSES and JAX_PROCESS_ID, an srun step of several tasks, mpirun with several '
@@ -84,7 +87,7 @@ def main(argv):
     raise app.UsageError(f'--workdir is required for --mode={mode}')
   from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
-  if mode in ('evaluate', 'translate'):
+  if mode in ('evaluate', 'translate', 'tune_decoding'):
     config = experiment.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   experiment.log_backend(config)
@@ -99,9 +102,28 @@ def main(argv):
     evaluate.evaluate_checkpoint(config, workdir)
   elif mode == 'translate':
     evaluate.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
+  elif mode == 'tune_decoding':
+    from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
+    tune_decoding.tune_decoding(config, workdir, *_decoding_grid(tune_decoding))
   elif mode == 'compile':
     from transformer_jax import aot  # pylint: disable=g-import-not-at-top
     aot.compile_only(config, workdir)
+
+
+def _decoding_grid(tune_decoding) -> tuple[list[int], list[float]]:
+  """--beam_sizes and --alphas as numbers, checked (`tune_decoding.check_grid`) before anything is read.
+
+  Raises:
+    app.UsageError: naming the flags, for a value that is not a number or out of range.
+  """
+  try:
+    beam_sizes = [int(b) for b in flags.FLAGS.beam_sizes]
+    alphas = [float(a) for a in flags.FLAGS.alphas]
+    tune_decoding.check_grid(beam_sizes, alphas)
+  except ValueError as error:
+    raise app.UsageError(f'--beam_sizes={",".join(flags.FLAGS.beam_sizes)} --alphas={",".join(flags.FLAGS.alphas)}'
+                         f': {error}') from None
+  return beam_sizes, alphas
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:

@@ -1,0 +1,80 @@
+"""--mode=tune_decoding: beam size and length penalty chosen on the validation split (§6.1), never on test."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from tests import tiny_runs
+from transformer_jax import bleu
+from transformer_jax import evaluate
+from transformer_jax import experiment
+from transformer_jax import translation
+from transformer_jax import tune_decoding
+
+pytestmark = pytest.mark.usefixtures('persistent_compilation_cache')
+
+
+def test_every_pair_of_the_grid_reaches_the_search_on_the_validation_split_only(tmp_path, corpus, reference_run,
+                                                                             monkeypatch):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  config = experiment.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
+  config.data.test_files = str(tmp_path / 'absent.en') + ',' + str(tmp_path / 'absent.de')  # Read: an error.
+  searched, encoded = [], []
+  translate, encode_split = translation.translate, experiment.encode_split
+  monkeypatch.setattr(translation, 'translate', lambda *args, **kwargs: (
+      searched.append((kwargs['beam_size'], kwargs['alpha'])), translate(*args, **kwargs))[1])
+  monkeypatch.setattr(experiment, 'encode_split', lambda setup, split: (
+      encoded.append(split), encode_split(setup, split))[1])
+  result = tune_decoding.tune_decoding(config, str(workdir), [1, 2], [0.0, 1.5])
+  assert searched == [(1, 0.0), (1, 1.5), (2, 0.0), (2, 1.5)]  # Each override reaches the search.
+  assert encoded == [config.data.eval_split]
+  assert [(row['beam_size'], row['alpha']) for row in result['rows']] == searched
+  assert result['best'] == max(result['rows'], key=lambda row: row['bleu'])
+  assert result['checkpoint_steps'] == [4, 6]  # eval.average_last_n of the tiny config.
+  # A row is the BLEU of that search's hypotheses: greedy decoding ignores alpha.
+  assert result['rows'][0]['bleu'] == result['rows'][1]['bleu']
+  written, = (workdir / 'evaluations').glob(f'*/{tune_decoding.SWEEP_FILE}')
+  assert json.loads(written.read_text()) == json.loads(json.dumps(result))
+
+
+def test_rows_equal_the_evaluation_of_the_same_decoding(tmp_path, corpus, reference_run):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  config = experiment.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
+  row, = tune_decoding.tune_decoding(config, str(workdir), [2], [0.6])['rows']
+  setup = experiment.setup(config, str(workdir), data_splits=(config.data.eval_split,))
+  try:
+    params, _ = evaluate.load_params(setup)
+    split = experiment.encode_split(setup, config.data.eval_split)
+    hypotheses = evaluate.translate_ids(setup, params, split.source_ids, beam_size=2, alpha=0.6)
+  finally:
+    setup.close()
+  scores = bleu.all_bleu(hypotheses, split.target_texts, config.data.target_lang)
+  for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'length_ratio'):
+    assert row[key] == pytest.approx(scores[key])
+
+
+@pytest.mark.parametrize('beam_sizes, alphas, message', [
+    ([], [0.6], 'at least one'), ([4], [], 'at least one'), ([0, 4], [0.6], 'at least 1'),
+    ([4], [0.6, -0.1], '>= 0')])
+def test_a_bad_grid_is_refused_before_the_workdir_is_read(tmp_path, beam_sizes, alphas, message):
+  with pytest.raises(ValueError, match=message):
+    tune_decoding.tune_decoding(None, str(tmp_path / 'no_run'), beam_sizes, alphas)
+
+
+def test_the_command_line_names_the_flags_of_a_bad_grid(tmp_path, corpus, reference_run):
+  process = subprocess.run(
+      tiny_runs.main_command(reference_run.workdir, ['--mode=tune_decoding', '--beam_sizes=4,x']),
+      capture_output=True, text=True, timeout=300, check=False, env=tiny_runs.subprocess_env(tmp_path))
+  assert process.returncode != 0
+  assert '--beam_sizes=4,x' in process.stderr and 'invalid literal' in process.stderr
+  assert not (reference_run.workdir / 'evaluations').exists()
+
+
+def test_format_table_marks_the_best_row():
+  rows = [{'beam_size': 4, 'alpha': a, 'bleu': b, 'tokenized_bleu': b, 'lowercased_tokenized_bleu': b,
+           'length_ratio': 1.0, 'seconds': 1.0} for a, b in ((0.6, 30.0), (1.0, 31.5), (1.4, 31.0))]
+  lines = tune_decoding.format_table(rows).splitlines()
+  assert [line.count('*') for line in lines[1:]] == [0, 1, 0] and '31.50*' in lines[2]

@@ -1,0 +1,96 @@
+"""§6.1's "chosen after experimentation on the development set": beam size and length penalty, on validation.
+
+  python -m transformer_jax.main --workdir=runs/multi30k --mode=tune_decoding --beam_sizes=4,6 \
+      --alphas=0.6,1.0,1.4 [--config.eval.average_last_n=20]
+
+Decodes the validation split (data.eval_split) once per (beam size, alpha) pair with the parameters that
+eval.checkpoint_selection chooses (averaged once), scores every output with the three BLEUs of `bleu.all_bleu`
+and sacreBLEU's length ratio, prints a table and the overrides of the best pair by sacreBLEU, and writes every
+row to `<workdir>/evaluations/<time>/decoding_sweep.json`. The test split is never read: constants chosen on
+it would overstate its BLEU.
+"""
+import json
+from typing import Any, Sequence
+
+from absl import logging
+from etils import epath
+import flax.linen as nn
+import jax
+
+from transformer_jax import evaluate
+from transformer_jax import experiment
+
+SWEEP_FILE = 'decoding_sweep.json'
+
+
+def check_grid(beam_sizes: Sequence[int], alphas: Sequence[float]) -> None:
+  """Raises ValueError (naming the flag) for an empty grid, a beam size below 1 or a negative alpha."""
+  if not beam_sizes or not alphas:
+    raise ValueError('--mode=tune_decoding needs at least one --beam_sizes and one --alphas value, e.g. '
+                     '--beam_sizes=4,6 --alphas=0.6,1.0')
+  if any(b < 1 for b in beam_sizes):
+    raise ValueError(f'--beam_sizes={",".join(map(str, beam_sizes))}: every beam size must be at least 1')
+  if any(a < 0 for a in alphas):
+    raise ValueError(f'--alphas={",".join(map(str, alphas))}: every length penalty alpha must be >= 0')
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The sweep as an aligned text table, one line per (beam size, alpha), the best sacreBLEU marked '*'."""
+  best = max(range(len(rows)), key=lambda i: rows[i]['bleu'])
+  lines = ['beam  alpha  bleu    lc-tok  tokenized  length ratio  seconds']
+  for i, row in enumerate(rows):
+    lines.append(f'{row["beam_size"]:>4}  {row["alpha"]:>5.2f}  {row["bleu"]:>5.2f}{"*" if i == best else " "}  '
+                 f'{row["lowercased_tokenized_bleu"]:>6.2f}  {row["tokenized_bleu"]:>9.2f}  '
+                 f'{row["length_ratio"]:>12.3f}  {row["seconds"]:>7.1f}')
+  return '\n'.join(lines)
+
+
+def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Sequence[float]) -> dict[str, Any]:
+  """--mode=tune_decoding: validation BLEU for every beam size and alpha (see the module docstring).
+
+  Args:
+    config: the run's config (`experiment.config_for_mode`); decode.extra_length and the eval.* checkpoint
+      selection apply to every row.
+    workdir: the trained run.
+    beam_sizes: beam sizes to try (1: greedy).
+    alphas: length penalty exponents to try (`decoding.length_penalty`).
+
+  Returns:
+    {'split', 'checkpoint_selection', 'checkpoint_steps', 'rows', 'best'}: rows in grid order (beam sizes
+    outer), each {'beam_size', 'alpha', 'bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu',
+    'length_ratio', 'seconds'}; best is the row of the highest sacreBLEU.
+
+  Raises:
+    ValueError: from `check_grid` (before anything is read), or from `experiment.setup`.
+    FileNotFoundError: from `experiment.setup` or `evaluate.load_params`.
+  """
+  check_grid(beam_sizes, alphas)
+  split_name = config.data.eval_split
+  setup = experiment.setup(config, workdir, data_splits=(split_name,))
+  try:
+    split = experiment.encode_split(setup, split_name)
+    params, steps = evaluate.load_params(setup)
+    rows = []
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+      for beam_size in beam_sizes:
+        for alpha in alphas:
+          _, scores, seconds = evaluate.translate_split(setup, params, split, beam_size=beam_size, alpha=alpha)
+          rows.append({'beam_size': int(beam_size), 'alpha': float(alpha), 'seconds': seconds} | {
+              key: scores[key] for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'length_ratio')})
+          logging.info('%s, beam %d, alpha %g: bleu %.2f, lowercased tokenized %.2f, length ratio %.3f (%.1f s)',
+                       split_name, beam_size, alpha, scores['bleu'], scores['lowercased_tokenized_bleu'],
+                       scores['length_ratio'], seconds)
+  finally:
+    setup.close()
+  best = max(rows, key=lambda row: row['bleu'])
+  result = {'split': split_name, 'checkpoint_selection': config.eval.checkpoint_selection,
+            'checkpoint_steps': list(steps), 'rows': rows, 'best': best}
+  if jax.process_index() == 0:
+    output_dir = epath.Path(evaluate.new_evaluation_dir(workdir))
+    output_dir.mkdir(parents=True)
+    (output_dir / SWEEP_FILE).write_text(json.dumps(result, indent=2))
+    print(f'{split_name} BLEU of checkpoint steps {list(steps)} ({config.eval.checkpoint_selection}):')
+    print(format_table(rows))
+    print(f'best by sacreBLEU on {split_name}: --config.decode.beam_size={best["beam_size"]} '
+          f'--config.decode.alpha={best["alpha"]:g}  (every row: {output_dir / SWEEP_FILE})')
+  return result
