@@ -4,6 +4,9 @@ import pathlib
 import subprocess
 import sys
 
+from configs import multi30k
+from transformer_jax import workdir as workdir_lib
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -45,3 +48,14 @@ def test_missing_config_is_one_clear_line(tmp_path):
       f'--config is required: --workdir={tmp_path}/run holds no run (no config.json); e.g. '
       '--config=configs/multi30k.py (--help for usage)']
   assert not (tmp_path / 'run').exists()
+
+
+def test_overrides_apply_to_the_config_of_the_workdir_when_config_is_left_out(tmp_path):
+  """--mode=evaluate/translate/tune_decoding take --config from --workdir; the overrides given with it parse."""
+  run = tmp_path / 'run'
+  workdir_lib.save_config(multi30k.get_config(), str(run))
+  process = main(f'--workdir={run}', '--config.eval.average_last_n=20', '--config.decode.alpha=1.4', '--mode=config',
+                 cwd=tmp_path)
+  assert process.returncode == 0, process.stderr[-3000:]
+  lines = process.stdout.splitlines()
+  assert 'eval.average_last_n = 20  (default: 5)' in lines and 'decode.alpha = 1.4  (default: 0.6)' in lines

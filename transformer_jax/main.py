@@ -145,8 +145,8 @@ def prepare_argv(argv: list[str]) -> list[str]:
   --workdir (`workdir.get_config`), so that `--config.<field>=...` overrides still parse.
 
   Returns:
-    argv, with `--config=<...>/workdir.py:<workdir>` appended when --config is left out and the workdir has a
-    config.json.
+    argv, with `--config=<...>/workdir.py:<workdir>` inserted first when --config is left out and the workdir
+    has a config.json.
 
   Raises:
     SystemExit: with a message, when --config is left out and the workdir holds no run.
@@ -161,7 +161,8 @@ def prepare_argv(argv: list[str]) -> list[str]:
       sys.path.insert(0, str(root))
   workdir = _flag_value(argv, 'workdir')
   if config is None and workdir and pathlib.Path(workdir_lib.path(workdir, workdir_lib.CONFIG)).is_file():
-    argv = [*argv, f'--config={workdir_lib.__file__}:{workdir}']
+    # Before every other flag: absl defines the --config.<field> override flags when it parses --config.
+    argv = [argv[0], f'--config={workdir_lib.__file__}:{workdir}', *argv[1:]]
   elif config is None and not any(arg.startswith('--helpfull') or arg == '--helpxml' for arg in argv):
     sys.exit('--config is required' + (f': --workdir={workdir} holds no run (no config.json)' if workdir else '')
              + '; e.g. --config=configs/multi30k.py (--help for usage)')
