@@ -104,3 +104,21 @@ def test_truncated_archive_is_named_and_downloaded_again_next_run(monkeypatch, t
   download_dir = tmp_path / 'tfds' / 'downloads'
   kept = [p for p in download_dir.iterdir() if p.is_file() and not p.name.endswith('.INFO')]
   assert not kept, kept  # Only the '<name>.tmp.<uuid>' folders TFDS downloads into.
+
+
+def test_an_offline_training_run_stops_before_its_workdir_is_made(monkeypatch, tmp_path):
+  """The download error comes before experiment.setup writes anything (no empty run folder, no checkpoints/)."""
+  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
+
+  def send(self, request, **kwargs):
+    raise requests.exceptions.ConnectionError(f'no internet: {request.url}')
+  monkeypatch.setattr(requests.adapters.HTTPAdapter, 'send', send)
+  spec = importlib.util.spec_from_file_location('base', pathlib.Path(__file__).parents[1] / 'configs' / 'base.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.data.tfds_data_dir = str(tmp_path / 'tfds')
+  config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=2, d_k=16, d_v=16)
+  with pytest.raises(tfds_downloads.DownloadError, match='wmt14_translate/de-en'):
+    experiment.setup(config, str(tmp_path / 'run'), data_splits=(config.data.train_split, config.data.eval_split))
+  assert not (tmp_path / 'run').exists()

@@ -318,10 +318,13 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
     ValueError: for a bad config value, or a workdir holding a run with an incompatible config.
     FileNotFoundError: for a missing input file.
     OSError: if the workdir cannot be created or written.
+    tfds_downloads.DownloadError: when a TFDS dataset cannot be downloaded (before the workdir is created).
   """
   built = compute_setup(config, workdir)
   model_cfg = built.model.cfg
   check_data_files(config.data, data_splits)
+  if data_splits:
+    input_pipeline.prepare_dataset(config.data)  # A failed download leaves no workdir behind.
   _check_writable(workdir)
   distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
   # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would

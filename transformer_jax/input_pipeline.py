@@ -78,17 +78,9 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     source, target = multi30k.read_parallel(paths)
     logging.info('Read %d pairs of split %r from %s.', len(source), split, ', '.join(paths))
     return source, target
-  kwargs = {}
-  if data_config.dataset == 'multi30k':
-    manual_dir = data_config.manual_dir or None
-    config = multi30k.builder_config(langs, manual_dir)
-    kwargs['builder_kwargs'] = {'config': config}
-    if manual_dir:
-      kwargs['download_and_prepare_kwargs'] = {
-          'download_config': tfds.download.DownloadConfig(manual_dir=manual_dir)}
   with tfds_downloads.fail_fast(data_config.dataset, data_config.tfds_data_dir or None):
     dataset, info = tfds.load(data_config.dataset, split=split, data_dir=data_config.tfds_data_dir or None,
-                              batch_size=65536, shuffle_files=False, with_info=True, **kwargs)
+                              batch_size=65536, shuffle_files=False, with_info=True, **_tfds_kwargs(data_config))
   if not set(langs) <= set(info.features.keys()):
     raise ValueError(f'{data_config.dataset} has languages {sorted(info.features.keys())}, not {langs}.')
   columns = ([], [])
@@ -99,6 +91,37 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
   logging.info('Read %d pairs of split %r of %s from %s%s.', len(columns[0]), split, data_config.dataset,
                info.data_dir, made_from)
   return columns
+
+
+def _tfds_kwargs(data_config: Any) -> dict[str, Any]:
+  """tfds.load's builder and preparation arguments: Multi30k's builder config (tied to its files)."""
+  if data_config.dataset != 'multi30k':
+    return {}
+  manual_dir = data_config.manual_dir or None
+  kwargs = {'builder_kwargs': {'config': multi30k.builder_config(
+      (data_config.source_lang, data_config.target_lang), manual_dir)}}
+  if manual_dir:
+    kwargs['download_and_prepare_kwargs'] = {'download_config': tfds.download.DownloadConfig(manual_dir=manual_dir)}
+  return kwargs
+
+
+def prepare_dataset(data_config: Any) -> None:
+  """Downloads and prepares a TFDS dataset (data.dataset) unless prepared already; nothing for dataset 'text'.
+
+  Called before anything is written to the workdir, so that an offline machine stops with the download error
+  alone, not with an empty run folder beside it.
+
+  Raises:
+    tfds_downloads.DownloadError: as `load_split`.
+    ValueError: for a Multi30k manual_dir that lacks a file of the language pair.
+  """
+  if data_config.dataset == 'text':
+    return
+  kwargs = _tfds_kwargs(data_config)
+  with tfds_downloads.fail_fast(data_config.dataset, data_config.tfds_data_dir or None):
+    builder = tfds.builder(data_config.dataset, data_dir=data_config.tfds_data_dir or None,
+                           **kwargs.get('builder_kwargs', {}))
+    builder.download_and_prepare(**kwargs.get('download_and_prepare_kwargs', {}))
 
 
 def _text_files(data_config: Any, split: str) -> list[str]:
