@@ -54,8 +54,8 @@ def test_overrides_apply_to_the_config_of_the_workdir_when_config_is_left_out(tm
   """--mode=evaluate/translate/tune_decoding take --config from --workdir; the overrides given with it parse."""
   run = tmp_path / 'run'
   workdir_lib.save_config(multi30k.get_config(), str(run))
-  process = main(f'--workdir={run}', '--config.eval.average_last_n=20', '--config.decode.alpha=1.4', '--mode=config',
+  process = main(f'--workdir={run}', '--config.eval.average_last_n=17', '--config.decode.alpha=2.5', '--mode=config',
                  cwd=tmp_path)
   assert process.returncode == 0, process.stderr[-3000:]
   lines = process.stdout.splitlines()
-  assert 'eval.average_last_n = 20  (default: 5)' in lines and 'decode.alpha = 1.4  (default: 0.6)' in lines
+  assert 'eval.average_last_n = 17  (default: 5)' in lines and 'decode.alpha = 2.5  (default: 0.6)' in lines
