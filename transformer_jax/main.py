@@ -111,7 +111,7 @@ def main(argv):
 
 
 def _decoding_grid(tune_decoding) -> tuple[list[int], list[float]]:
-  """--beam_sizes and --alphas as numbers, checked (`tune_decoding.check_grid`) before anything is read.
+  """--beam_sizes and --alphas as numbers, checked (`tune_decoding.check_grid`) before the model or data is loaded.
 
   Raises:
     app.UsageError: naming the flags, for a value that is not a number or out of range.
