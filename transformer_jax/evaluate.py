@@ -147,6 +147,7 @@ def translate_split(setup: Setup, params, split, beam_size: int | None = None,
 
 
 _BLEUS = ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')
+SCORES = _BLEUS + ('length_ratio',)  # What a decoded split is scored by (`bleu.all_bleu`), minus the signature.
 
 
 def validation_bleu(setup: Setup, params, eval_split, step: int) -> dict[str, float]:
@@ -167,7 +168,7 @@ def validation_bleu(setup: Setup, params, eval_split, step: int) -> dict[str, fl
   logging.info('validation BLEU at step %d | bleu %.2f | lowercased tokenized %.2f | length ratio %.3f | beam %d '
                '| %.1f s', step, scores['bleu'], scores['lowercased_tokenized_bleu'], scores['length_ratio'],
                beam_size, seconds)
-  return {key: scores[key] for key in _BLEUS + ('length_ratio',)} | {'bleu_seconds': seconds}
+  return {key: scores[key] for key in SCORES} | {'bleu_seconds': seconds}
 
 
 def load_params(setup: Setup):
@@ -241,7 +242,7 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
     test_split = test_split or experiment.encode_split(setup, data_cfg.test_split)
     hypotheses, scores, seconds = translate_split(setup, params, test_split)
   path = _write_hypotheses(setup, output_dir, data_cfg.test_split, hypotheses)
-  results |= {key: scores[key] for key in _BLEUS + ('length_ratio',)}
+  results |= {key: scores[key] for key in SCORES}
   results['decode_sentences_per_sec'] = len(hypotheses) / seconds
   write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
   _write_final_metrics(setup, output_dir, results, steps, params, run_info)

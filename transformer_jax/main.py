@@ -104,22 +104,21 @@ def main(argv):
     evaluate.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
   elif mode == 'tune_decoding':
     from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
-    tune_decoding.tune_decoding(config, workdir, *_decoding_grid(tune_decoding))
+    tune_decoding.tune_decoding(config, workdir, *_decoding_grid())  # It checks the range first.
   elif mode == 'compile':
     from transformer_jax import aot  # pylint: disable=g-import-not-at-top
     aot.compile_only(config, workdir)
 
 
-def _decoding_grid(tune_decoding) -> tuple[list[int], list[float]]:
-  """--beam_sizes and --alphas as numbers, checked (`tune_decoding.check_grid`) before the model or data is loaded.
+def _decoding_grid() -> tuple[list[int], list[float]]:
+  """--beam_sizes and --alphas as numbers (their range is `tune_decoding.check_grid`'s).
 
   Raises:
-    app.UsageError: naming the flags, for a value that is not a number or out of range.
+    app.UsageError: naming the flags, for a value that is not a number.
   """
   try:
     beam_sizes = [int(b) for b in flags.FLAGS.beam_sizes]
     alphas = [float(a) for a in flags.FLAGS.alphas]
-    tune_decoding.check_grid(beam_sizes, alphas)
   except ValueError as error:
     raise app.UsageError(f'--beam_sizes={",".join(flags.FLAGS.beam_sizes)} --alphas={",".join(flags.FLAGS.alphas)}'
                          f': {error}') from None

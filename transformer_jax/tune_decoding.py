@@ -76,7 +76,7 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
         for alpha in alphas:
           _, scores, seconds = evaluate.translate_split(setup, params, split, beam_size=beam_size, alpha=alpha)
           rows.append({'beam_size': int(beam_size), 'alpha': float(alpha), 'seconds': seconds} | {
-              key: scores[key] for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'length_ratio')})
+              key: scores[key] for key in evaluate.SCORES})
           logging.info('%s, beam %d, alpha %g: bleu %.2f, lowercased tokenized %.2f, length ratio %.3f (%.1f s)',
                        split_name, beam_size, alpha, scores['bleu'], scores['lowercased_tokenized_bleu'],
                        scores['length_ratio'], seconds)
