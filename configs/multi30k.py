@@ -27,7 +27,8 @@ What differs from the paper, and why (a 29k-pair corpus on 2 cores instead of 4.
 - P_drop=0.2 and 8,000 steps (~33 epochs): on 29k pairs 0.1 overfits sooner and 0.3 is still underfit after
   7,000 unpacked steps. Packed, validation perplexity is lowest at 6,000 steps (5.29) and rises after; of the
   last-10 averages ending at 7,000, 8,000 and 9,000 steps, 8,000 scored best (validation 40.88 against 40.70
-  and 40.38, alpha 1.4), and a 9,000-step run took 59.5 min.
+  and 40.38, alpha 1.4), and a 9,000-step run took 59.5 min. P_drop 0.25 overfits less (perplexity 5.24
+  against 5.35 at step 8,000) but its average translated worse (validation 40.17, recipe 6).
 - alpha=1.4 (§6.1 used 0.6, "chosen after experimentation on the development set"; so is this one, with
   --mode=tune_decoding): at 0.6 the outputs are 5-6% shorter than the validation references; 1.4 scored
   +0.5-0.6 over 0.6 for recipes 4 and 5, 1.8 overshoots on some.
