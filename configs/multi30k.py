@@ -9,8 +9,8 @@ max length input + 50) and prints `bleu: <sacreBLEU>` with the two other BLEUs. 
 (2026-12-01, recipe 5@8k of docs/multi30k_recipes.md): 53.5 min in all from a clean clone; validation
 perplexity 5.09 (average of 10), validation sacreBLEU 40.88 (lowercased tokenised 40.97); test_2016_flickr
 sacreBLEU 39.74, lowercased tokenised 40.12, tokenised 39.76. Every recipe tried, chosen on the validation
-split only: docs/multi30k_recipes.md. The yardstick, a PyTorch nn.Transformer of the same shape trained 30 minutes on the
-same machine (a script outside this repository), reaches 35.2 BLEU.
+split only: docs/multi30k_recipes.md. The yardstick, a PyTorch nn.Transformer of the same shape trained 30
+minutes on the same machine (a script outside this repository), reaches 35.2 BLEU.
 English->French (`:fr`, the same recipe, not tuned for French): 58.3 min with the test suite and a decoding
 sweep sharing the CPU for about 28 of them; validation sacreBLEU 57.91 (lowercased tokenised 58.94);
 test_2016_flickr sacreBLEU 60.28, lowercased tokenised 61.33, tokenised 61.73.
