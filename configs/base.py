@@ -70,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
       max_length=256,                   # Longer training pairs are skipped; longer eval sources truncated.
       bucket_lengths=(8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256),
       packing=False,                    # Pack several pairs per row (segment ids and positions).
+      bpe_dropout_rate=0.0,             # BPE-dropout of the training pairs, resampled every epoch; not in the paper.
       shuffle_seed=0,
   ))
 

@@ -157,6 +157,47 @@ def test_packing_keeps_every_token_exactly_once(train_ids):
   assert seen == expected_pairs(first_pairs)
 
 
+def finer(ids, epoch):
+  """A stand-in for BPE-dropout: every other id of each sequence split in two (the same id twice), the ids
+  chosen by the epoch, so that sampled sides are longer and some no longer fit their slot."""
+  return input_pipeline.Ragged.from_lists(
+      [[token for j, token in enumerate(ids[i]) for _ in range(1 + (j + epoch) % 2)] for i in range(len(ids))])
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_bpe_dropout_resegments_every_epoch_in_the_planned_shapes(train_ids, packing):
+  pairs = tuple(input_pipeline.Ragged.from_lists([ids[i] for i in range(3000)]) for ids in train_ids)
+  calls = []
+  def resegment(epoch):
+    calls.append(epoch)
+    return [finer(ids, epoch) for ids in pairs]
+  deterministic = make_iterator(pairs, packing=packing, tokens_per_batch=8000)
+  iterator = make_iterator(pairs, packing=packing, tokens_per_batch=8000, resegment=resegment)
+  assert iterator.shapes == deterministic.shapes
+  buckets = input_pipeline.bucket_lengths_for(BUCKETS, 256)
+  first = []
+  for epoch in (0, 1):
+    batches, _, next_first = one_epoch(iterator)
+    batches, first = first + batches, [next_first]
+    expected, used_sampled = collections.Counter(), collections.Counter()
+    for i in range(len(pairs[0])):
+      sides = [(tuple(ids[i]) + (EOS,), tuple(finer(input_pipeline.Ragged.from_lists([ids[i]]), epoch)[0]) + (EOS,))
+               for ids in pairs]
+      # The slot planned from the deterministic ids: the packed row, or the pair's bucket.
+      room = (iterator.shapes[0][1] if packing
+              else buckets[np.searchsorted(buckets, max(len(side[0]) for side in sides))])
+      expected[tuple(sampled if len(sampled) <= room else kept for kept, sampled in sides)] += 1
+      used_sampled.update(len(sampled) <= room for _, sampled in sides)
+    seen = collections.Counter(pair for batch in batches for pair in (unpack(batch) if packing else row_pairs(batch)))
+    assert seen == expected
+    assert used_sampled[True] > 500 and used_sampled[False] > 10  # Both cases are tested.
+    assert {batch['source_tokens'].shape for batch in batches} <= set(iterator.shapes)
+    if not packing:  # Each pair stays in its bucket.
+      for batch in batches:
+        assert all(max(len(s), len(t)) <= batch['source_tokens'].shape[1] for s, t in row_pairs(batch))
+  assert calls == [0, 1, 2]  # Once per epoch (one_epoch reads the next epoch's first batch).
+
+
 def test_skips_empty_and_overlong_pairs(caplog):
   source = [[5, 6], [], [5], [7] * 20, [8] * 15, [9]]
   target = [[7], [5], [], [6], [6], [9] * 16]

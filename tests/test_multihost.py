@@ -115,10 +115,14 @@ def _worker_main() -> None:
       state, metrics = train_fn(state, s.device_batch(batch))
       losses.append(float(metrics['loss_sum'] / metrics['token_count']))
     translations = _translate(s, state.params) if not args.steps else []
+  # BPE-dropout's samples differ from process to process: every process trains on process 0's (train.py).
+  own = input_pipeline.Ragged.from_lists(_corpus(seed=1 + jax.process_index())[0])
+  shared = train._broadcast_ragged(own if jax.process_index() == 0 else None, len(own))  # pylint: disable=protected-access
   result = {'joined': joined, 'process_index': jax.process_index(), 'process_count': jax.process_count(),
             'device_count': jax.device_count(), 'local_rows': [len(b['source_tokens']) for b in batches],
             'eval_loss': float(sums['loss_sum'] / sums['token_count']), 'eval_tokens': float(sums['token_count']),
-            'train_losses': losses, 'translations': translations}
+            'train_losses': losses, 'translations': translations,
+            'shared_ids': [shared[i].tolist() for i in range(len(shared))]}
   pathlib.Path(args.out).write_text(json.dumps(result))
   if joined:
     jax.distributed.shutdown()
@@ -165,6 +169,7 @@ def _check_against_one_process(tmp_path, steps):
     assert r['eval_tokens'] == single['eval_tokens'] > 0
     np.testing.assert_allclose(r['eval_loss'], single['eval_loss'], rtol=0, atol=1e-5)
     np.testing.assert_allclose(r['train_losses'], single['train_losses'], rtol=0, atol=1e-5)
+    assert r['shared_ids'] == single['shared_ids'] == _corpus(seed=1)[0]  # Process 0's ids everywhere.
   return pair, single
 
 

@@ -233,6 +233,7 @@ def test_nonfinite_loss_is_skipped_with_on_nonfinite_skip(monkeypatch, tmp_path,
     ('train', 'on_nonfinite', 'ignore', r"train\.on_nonfinite must be one of \('stop', 'skip'\), got 'ignore'"),
     ('train', 'learning_rate_scale', float('inf'), r'train\.learning_rate_scale must be a finite number > 0, got inf'),
     ('data', 'vocab_size', 0, r'data\.vocab_size must be a positive integer, got 0'),
+    ('data', 'bpe_dropout_rate', 1.0, r'data\.bpe_dropout_rate must be in \[0, 1\), got 1\.0'),
     ('eval', 'average_last_n', 3, r'eval\.average_last_n must be in \[1, train\.max_checkpoints_to_keep=2\], got 3'),
 ])
 def test_bad_config_value_fails_before_anything_is_written(tmp_path, corpus, section, key, value, match):

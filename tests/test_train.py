@@ -176,6 +176,22 @@ def test_trains_a_few_steps_on_multi30k(tmp_path, multi30k_dir, caplog):
   assert len(counts) == 1 and sum(counts[0]) == 29_000 and counts[0][0] > 1000, counts  # Every pair accounted for.
 
 
+def test_bpe_dropout_trains_on_sampled_segmentations(tmp_path, corpus, caplog):
+  config = text_config(corpus)
+  config.data.bpe_dropout_rate = 0.3
+  with caplog.at_level(logging.INFO):
+    results = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert np.isfinite(results['nll'])
+  epochs = [re.fullmatch(r'Epoch (\d+): BPE-dropout segmentations for ([\d.]+)% of the sources and ([\d.]+)% of '
+                         r'the targets .*; ([\d.]+) source and ([\d.]+) target tokens per pair \(EOS included\), '
+                         r'deterministic ([\d.]+) and ([\d.]+)\.', r.getMessage()) for r in caplog.records]
+  epochs = [tuple(map(float, match.groups())) for match in epochs if match]
+  assert [epoch[0] for epoch in epochs] == [0]  # 6 steps of 8 rows: part of the first epoch of 200 pairs.
+  _, sources_sampled, targets_sampled, source, target, source_before, target_before = epochs[0]
+  assert sources_sampled > 90 and targets_sampled > 90  # Almost all fit the 32 slots.
+  assert source > 1.1 * source_before and target > 1.1 * target_before
+
+
 def test_run_killed_after_checkpoint_resumes_like_uninterrupted(monkeypatch, tmp_path, corpus, reference_run,
                                                               caplog):
   def crash_at_step_5(index, batch):

@@ -205,6 +205,9 @@ def _validate_data(data_cfg) -> None:
            data_cfg.tokenizer_normalization, f'one of {tokenizer_lib.NORMALIZATIONS}')
   _require(isinstance(data_cfg.tokenizer_seed, int) and 0 <= data_cfg.tokenizer_seed < 2**32, 'data.tokenizer_seed',
            data_cfg.tokenizer_seed, 'an integer in [0, 2**32)')
+  _require(0.0 <= data_cfg.bpe_dropout_rate < 1.0, 'data.bpe_dropout_rate', data_cfg.bpe_dropout_rate, 'in [0, 1)')
+  _require(not data_cfg.bpe_dropout_rate or data_cfg.tokenizer_model_type == 'bpe', 'data.bpe_dropout_rate',
+           data_cfg.bpe_dropout_rate, "0 unless data.tokenizer_model_type='bpe'")
 
 
 def check_data_files(data_config, splits) -> None:
@@ -433,8 +436,9 @@ _EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'train.translat
                       'data.test_split', 'data.manual_dir', 'data.tfds_data_dir', 'data.train_files',
                       'data.eval_files', 'data.test_files', 'data.tokens_per_batch', 'model.dtype',
                       'model.attention_impl', 'model.attention_product_dtype')
-# Model fields that act in training only: a config file's values (today's recipe, say) are not an error.
-_TRAINING_ONLY_MODEL_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', 'model.remat')
+# Model and data fields that act in training only: a config file's values (today's recipe, say) are not an error.
+_TRAINING_ONLY_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', 'model.remat',
+                         'data.bpe_dropout_rate')
 
 
 def _leaves(config, prefix: str = '') -> dict[str, Any]:
@@ -487,7 +491,7 @@ def config_for_mode(config, workdir: str, mode: str):
       resolved[section][name] = value
     elif key.startswith(_EVALUATION_FIELDS):
       resolved[section][name] = value
-    elif key.startswith(('model.', 'data.')) and key not in _TRAINING_ONLY_MODEL_FIELDS:
+    elif key.startswith(('model.', 'data.')) and key not in _TRAINING_ONLY_FIELDS:
       raise ValueError(f'--mode={mode}: {key}={value!r} differs from the run in {workdir} ({key}={kept[key]!r} '
                        f'in {stored_path}); only decoding and evaluation fields may change')
     else:

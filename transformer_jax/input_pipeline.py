@@ -34,7 +34,7 @@ padded to the bucket (or packed row) length, so src_len == tgt_len here, though 
     'text' and 'multi30k'); -1 for padding rows.
 Padding rows are all PAD_ID (0).
 """
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 import dataclasses
 import itertools
 import time
@@ -196,6 +196,16 @@ class Ragged:
     values = self.values[np.repeat(keep, self.lengths)]
     return Ragged(values, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
 
+  def where(self, condition: np.ndarray, other: 'Ragged') -> 'Ragged':
+    """Sequence i of self where bool condition[i], else sequence i of `other` (as many sequences as self)."""
+    lengths = np.where(condition, self.lengths, other.lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    from_self = np.repeat(condition, lengths)
+    values = np.empty(offsets[-1], np.int32)
+    values[from_self] = self.values[np.repeat(condition, self.lengths)]
+    values[~from_self] = other.values[np.repeat(~condition, other.lengths)]
+    return Ragged(values, offsets)
+
   def truncate(self, max_tokens: int) -> 'Ragged':
     """Keeps the first max_tokens ids of every sequence."""
     lengths = self.lengths
@@ -212,9 +222,14 @@ def as_ragged(ids: Ids) -> Ragged:
   return ids if isinstance(ids, Ragged) else Ragged.from_lists(ids)
 
 
-def encode(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], chunk_size: int = 100_000) -> Ragged:
-  """Tokenises sentences (no EOS yet) in chunks, so Python lists of ids never hold the whole split."""
-  chunks = [Ragged.from_lists(tokenizer.encode(texts[i:i + chunk_size])) for i in range(0, len(texts), chunk_size)]
+def encode(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], chunk_size: int = 100_000,
+           dropout_rate: float = 0.0) -> Ragged:
+  """Tokenises sentences (no EOS yet) in chunks, so Python lists of ids never hold the whole split.
+
+  dropout_rate > 0 samples BPE-dropout segmentations (`Tokenizer.encode`; data.bpe_dropout_rate).
+  """
+  chunks = [Ragged.from_lists(tokenizer.encode(texts[i:i + chunk_size], dropout_rate))
+            for i in range(0, len(texts), chunk_size)]
   if not chunks:
     return Ragged(np.zeros(0, np.int32), np.zeros(1, np.int64))
   ends = np.cumsum([c.offsets[-1] for c in chunks])[:-1]
@@ -362,11 +377,21 @@ class TrainIterator:
   contiguous rows. Packing: rows have the length of the largest bucket any kept pair needs; a batch has
   tokens_per_batch // row_length rows (rounded as for buckets); pairs are placed first-fit in shuffled order until
   one fits nowhere, which starts the next batch. An epoch's last batch may have empty rows.
+
+  BPE-dropout (data.bpe_dropout_rate; Provilkov et al., 2020, not in the paper): `resegment(epoch)` gives each
+  epoch its own segmentations of the training pairs. The pairs kept, the buckets, the batch shapes and every
+  epoch's plan come from the deterministic ids, so they do not change; a sampled side is used where it fits the
+  slot planned for the deterministic one (its bucket's length, or the packed row length, EOS included), else
+  that side keeps its deterministic ids (so buckets, fitted to the deterministic lengths, keep many more of
+  them than packed rows do). Each epoch's share of sampled sides and mean length are logged. SentencePiece's
+  samples are not reproducible (`tokenizer.Tokenizer.encode`): a resumed run trains the rest of its epoch on a
+  new sample, the same pairs (none repeated or skipped) in other segmentations, packed anew.
   """
 
   def __init__(self, source: Ids, target: Ids, *, tokens_per_batch: int, max_length: int,
                bucket_lengths: Sequence[int], packing: bool = False, batch_size_multiple: int = 1,
-               shuffle_seed: int = 0, process_index: int = 0, process_count: int = 1, pad_rows_to: int = 1):
+               shuffle_seed: int = 0, process_index: int = 0, process_count: int = 1, pad_rows_to: int = 1,
+               resegment: Callable[[int], tuple[Ids, Ids]] | None = None):
     """Filters the pairs and fixes the batch shapes.
 
     Args:
@@ -381,6 +406,9 @@ class TrainIterator:
       process_index, process_count: this host and the number of hosts.
       pad_rows_to: every global batch is completed with empty rows (all PAD, weight 0) to a multiple of this
         (data shards x train.grad_accum_steps); the planned sentences do not depend on it.
+      resegment: BPE-dropout, or None: epoch -> (source, target) ids of every pair for that epoch, aligned with
+        `source` and `target` (which stay the deterministic ids). Called once per epoch; it must give every
+        host the same ids.
 
     Raises:
       ValueError: if source and target differ in length, no pair is left, or a batch size rounds down to 0 or
@@ -410,6 +438,11 @@ class TrainIterator:
         raise ValueError(f'Batch size {rows} (length {length}) does not divide by process_count={process_count}; '
                          'pad_rows_to or batch_size_multiple should be a multiple of it.')
     self._epoch, self._position, self._plan = 0, 0, (-1, [])
+    # The room of each kept pair's sides (0 for the others): its bucket's length, or the packed row length.
+    self._room = np.zeros(len(source), np.int64)
+    self._room[self._pairs] = (max(length for _, length in self._shapes.values()) if packing
+                               else buckets[bucket_of[self._pairs]])
+    self._resegment, self._epoch_ids = resegment, (-1, source, target, self._lengths)
     # Every epoch has the same shapes: how many pairs move up from a bucket depends only on the bucket sizes.
     self._shapes_used = sorted(self._padded.values() if packing else {self._padded[b] for b, _ in self._epoch_plan()})
     logging.info('%d distinct global batch shapes [batch, length] (%s): %s', len(self._shapes_used),
@@ -460,6 +493,27 @@ class TrainIterator:
                     'updates of the new batch size.', saved, self._tokens_per_batch, len(rest), self._epoch,
                     self._tokens_per_batch)
 
+  def _ids(self) -> tuple[Ragged, Ragged, np.ndarray]:
+    """The current epoch's (source, target, [2, num_pairs] lengths with EOS): resegmented, or the deterministic."""
+    if self._resegment is None:
+      return self._source, self._target, self._lengths
+    if self._epoch_ids[0] != self._epoch:
+      sides = []
+      for deterministic, sampled in zip((self._source, self._target), self._resegment(self._epoch)):
+        sampled = as_ragged(sampled)
+        if len(sampled) != len(deterministic):
+          raise ValueError(f'resegment({self._epoch}) gave {len(sampled)} sequences for {len(deterministic)} pairs.')
+        fits = sampled.lengths + 1 <= self._room
+        sides.append((sampled.where(fits, deterministic), fits[self._pairs].mean()))
+      (source, source_share), (target, target_share) = sides
+      lengths = np.stack([source.lengths, target.lengths]) + 1
+      self._epoch_ids = (self._epoch, source, target, lengths)
+      logging.info('Epoch %d: BPE-dropout segmentations for %.1f%% of the sources and %.1f%% of the targets (the '
+                   'rest too long for their slot); %.1f source and %.1f target tokens per pair (EOS included), '
+                   'deterministic %.1f and %.1f.', self._epoch, 100 * source_share, 100 * target_share,
+                   *lengths[:, self._pairs].mean(axis=1), *self._lengths[:, self._pairs].mean(axis=1))
+    return self._epoch_ids[1:]
+
   def _epoch_plan(self) -> list[tuple[int, np.ndarray]] | np.ndarray:
     if self._plan[0] != self._epoch:
       rng = np.random.default_rng([self._seed, self._epoch])
@@ -475,14 +529,15 @@ class TrainIterator:
     if self._position >= len(self._epoch_plan()):
       self._epoch, self._position = self._epoch + 1, 0
     plan = self._epoch_plan()
+    source, target, lengths = self._ids()
     if self._packing:
       bucket = next(iter(self._shapes))
-      pairs, placement, self._position = _pack(self._lengths, plan, self._position, self._shapes[bucket])
+      pairs, placement, self._position = _pack(lengths, plan, self._position, self._shapes[bucket])
     else:
       bucket, pairs = plan[self._position]
       placement = _unpacked(len(pairs))
       self._position += 1
-    batch = _make_batch(self._source, self._target, pairs, placement, self._padded[bucket], self._packing)
+    batch = _make_batch(source, target, pairs, placement, self._padded[bucket], self._packing)
     return _host_slice(batch, *self._process)
 
   @classmethod
