@@ -245,6 +245,16 @@ def test_bad_config_value_fails_before_anything_is_written(tmp_path, corpus, sec
   assert not workdir.exists()
 
 
+def test_bpe_dropout_needs_a_bpe_vocabulary(corpus):
+  config = text_config(corpus)
+  config.data.update(tokenizer_model_type='unigram', bpe_dropout_rate=0.1)
+  with pytest.raises(ValueError, match=r"data\.bpe_dropout_rate must be 0 unless "
+                                       r"data\.tokenizer_model_type='bpe', got 0\.1"):
+    experiment.validate_config(config)
+  config.data.tokenizer_model_type = 'bpe'
+  experiment.validate_config(config)
+
+
 @pytest.mark.parametrize(('section', 'key', 'value', 'stored'), [
     ('model', 'd_model', 64, 'model.d_model=32'),
     ('data', 'vocab_size', 512, f'data.vocab_size={VOCAB_SIZE}'),
