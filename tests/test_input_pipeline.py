@@ -198,6 +198,70 @@ def test_bpe_dropout_resegments_every_epoch_in_the_planned_shapes(train_ids, pac
   assert calls == [0, 1, 2]  # Once per epoch (one_epoch reads the next epoch's first batch).
 
 
+def test_bpe_dropout_sample_is_used_where_it_fits_the_planned_slot():
+  # Buckets 4 and 8 (EOS included). [5, 6] + EOS and its sample [5, 5, 6] + EOS fit bucket 4; [5, 6, 7] + EOS
+  # fits bucket 4 but its sample [5, 5, 6, 7] + EOS does not, so bucketed it keeps [5, 6, 7], while packed rows
+  # (8 long: the third pair needs bucket 8) have room for it. Targets [9] and [9, 9] fit everywhere.
+  source = [[5, 6], [5, 6, 7], [5, 6, 7, 8, 9]]
+  sampled = [[5, 5, 6], [5, 5, 6, 7], [5, 5, 6, 7, 8, 9]]
+  target, sampled_target = [[9]] * 3, [[9, 9]] * 3
+  sample_of_third = ((5, 5, 6, 7, 8, 9, EOS), (9, 9, EOS))
+  for packing, second in ((False, (5, 6, 7, EOS)), (True, (5, 5, 6, 7, EOS))):
+    iterator = input_pipeline.TrainIterator(
+        source, target, tokens_per_batch=16, max_length=8, bucket_lengths=(4, 8), packing=packing,
+        resegment=lambda epoch: (sampled, sampled_target))
+    batches, _, _ = one_epoch(iterator)
+    pairs = [pair for batch in batches for pair in (unpack(batch) if packing else row_pairs(batch))]
+    assert sorted(pairs) == sorted([((5, 5, 6, EOS), (9, 9, EOS)), sample_of_third, (second, (9, 9, EOS))]), packing
+
+
+def test_bpe_dropout_resumed_run_trains_every_pair_once_on_a_new_sample(train_ids):
+  """A resumed run draws another sample of its epoch (SentencePiece's cannot be repeated): the pairs after the
+  saved position are each trained once, packed anew."""
+  pairs = tuple(input_pipeline.Ragged.from_lists([ids[i] for i in range(2000)]) for ids in train_ids)
+  index = {}  # Any segmentation of a pair -> the pair.
+  for i in range(len(pairs[0])):
+    for source_epoch in (None, 0, 1):
+      for target_epoch in (None, 0, 1):
+        key = tuple(tuple(ids[i] if epoch is None else finer(input_pipeline.Ragged.from_lists([ids[i]]), epoch)[0])
+                    + (EOS,) for ids, epoch in zip(pairs, (source_epoch, target_epoch)))
+        index[key] = i
+  for packing in (False, True):
+    first = make_iterator(pairs, packing=packing, tokens_per_batch=8000,
+                          resegment=lambda epoch: [finer(ids, 0) for ids in pairs])
+    before = [next(first) for _ in range(3)]
+    resumed = make_iterator(pairs, packing=packing, tokens_per_batch=8000,
+                            resegment=lambda epoch: [finer(ids, 1) for ids in pairs])  # Another sample.
+    resumed.set_state(first.get_state())
+    after, _, _ = one_epoch(resumed)
+    read = unpack if packing else row_pairs
+    seen = collections.Counter(index[pair] for batch in before + after for pair in read(batch))
+    assert seen == collections.Counter(range(len(pairs[0]))), packing  # All 2,000 kept, each once.
+    assert unpack(after[0]) != unpack(next(first)) if packing else True  # Packed anew from the saved position.
+
+
+def test_bpe_dropout_resegment_must_give_both_sides_of_every_pair(train_ids):
+  for wrong in ([train_ids[0]], [train_ids[0], train_ids[1], train_ids[1]],
+                [input_pipeline.Ragged.from_lists([ids[i] for i in range(10)]) for ids in train_ids]):
+    iterator = make_iterator(train_ids, packing=True, resegment=lambda epoch, wrong=wrong: wrong)
+    with pytest.raises(ValueError, match=r'resegment\(0\) must give \[source ids, target ids\] of 8000 sequences'):
+      next(iterator)
+
+
+def test_ragged_where_takes_each_sequence_from_its_side():
+  first = input_pipeline.Ragged.from_lists([[1, 2], [], [3], [4, 5, 6]])
+  second = input_pipeline.Ragged.from_lists([[7], [8, 9], [], [10]])
+  chosen = first.where(np.array([True, False, False, True]), second)
+  assert [chosen[i].tolist() for i in range(4)] == [[1, 2], [8, 9], [], [4, 5, 6]]
+  assert chosen.values.dtype == np.int32 and chosen.offsets.tolist() == [0, 2, 4, 4, 7]
+  assert first.where(np.ones(4, bool), second).values.tolist() == first.values.tolist()
+  assert first.where(np.zeros(4, bool), second).values.tolist() == second.values.tolist()
+  with pytest.raises(ValueError, match=r'bool condition .* got int64 \[4\]'):
+    first.where(np.array([1, 0, 0, 1]), second)
+  with pytest.raises(ValueError, match='4 and 3 sequences'):
+    first.where(np.ones(4, bool), input_pipeline.Ragged.from_lists([[1], [2], [3]]))
+
+
 def test_skips_empty_and_overlong_pairs(caplog):
   source = [[5, 6], [], [5], [7] * 20, [8] * 15, [9]]
   target = [[7], [5], [], [6], [6], [9] * 16]

@@ -117,7 +117,9 @@ def _worker_main() -> None:
     translations = _translate(s, state.params) if not args.steps else []
   # BPE-dropout's samples differ from process to process: every process trains on process 0's (train.py).
   own = input_pipeline.Ragged.from_lists(_corpus(seed=1 + jax.process_index())[0])
-  shared = train._broadcast_ragged(own if jax.process_index() == 0 else None, len(own))  # pylint: disable=protected-access
+  train._BROADCAST_CHUNK = 256  # pylint: disable=protected-access  (~1,000 ids: several chunks, the last one padded)
+  shared = train._broadcast_ragged(  # pylint: disable=protected-access
+      own if jax.process_index() == 0 else None, len(own))
   result = {'joined': joined, 'process_index': jax.process_index(), 'process_count': jax.process_count(),
             'device_count': jax.device_count(), 'local_rows': [len(b['source_tokens']) for b in batches],
             'eval_loss': float(sums['loss_sum'] / sums['token_count']), 'eval_tokens': float(sums['token_count']),

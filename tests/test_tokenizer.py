@@ -150,17 +150,17 @@ def test_sample_is_seeded_and_skips_empty_lines():
 def test_bpe_dropout_samples_other_segmentations_of_the_same_text(tokenizer, multi30k_dir, tmp_path):
   lines = multi30k.read_lines(multi30k_dir / 'val.de.gz')
   deterministic = tokenizer.encode(lines)
-  first, second = tokenizer.encode(lines, dropout_rate=0.1), tokenizer.encode(lines, dropout_rate=0.1)
+  first, second = tokenizer.encode(lines, bpe_dropout_rate=0.1), tokenizer.encode(lines, bpe_dropout_rate=0.1)
   assert tokenizer.decode(first) == tokenizer.decode(second) == tokenizer.decode(deterministic)
   assert first != second and first != deterministic  # A new sample every call.
   pieces = [sum(map(len, ids)) for ids in (deterministic, first)]
   assert 1.2 < pieces[1] / pieces[0] < 1.7  # Rate 0.1 splits ~40% more pieces out of Multi30k.
-  assert tokenizer.encode(lines, dropout_rate=0.0) == deterministic
+  assert tokenizer.encode(lines, bpe_dropout_rate=0.0) == deterministic
   with pytest.raises(ValueError, match=r'BPE-dropout rate must be in \[0, 1\), got 1.0'):
-    tokenizer.encode(lines, dropout_rate=1.0)
+    tokenizer.encode(lines, bpe_dropout_rate=1.0)
   unigram = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 3000), 1000, model_type='unigram')
   with pytest.raises(ValueError, match='BPE-dropout needs a BPE vocabulary'):
-    unigram.encode(lines, dropout_rate=0.1)
+    unigram.encode(lines, bpe_dropout_rate=0.1)
 
 
 CHANGED_BY_NFKC = ['Er wartet…', 'Nummer １２３', 'ﬁnden', 'x²']

@@ -175,8 +175,7 @@ class Ragged:
   @classmethod
   def from_lists(cls, sequences: Sequence[Sequence[int]]) -> 'Ragged':
     """Packs Python sequences of token ids into one int32 array and their offsets."""
-    lengths = np.fromiter((len(s) for s in sequences), np.int64, len(sequences))
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    offsets = offsets_of(np.fromiter((len(s) for s in sequences), np.int64, len(sequences)))
     return cls(np.fromiter(itertools.chain.from_iterable(sequences), np.int32, offsets[-1]), offsets)
 
   @property
@@ -194,12 +193,24 @@ class Ragged:
     """The same sequences, with those where bool `keep` [num_sequences] is False made empty."""
     lengths = np.where(keep, self.lengths, 0)
     values = self.values[np.repeat(keep, self.lengths)]
-    return Ragged(values, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    return Ragged(values, offsets_of(lengths))
 
   def where(self, condition: np.ndarray, other: 'Ragged') -> 'Ragged':
-    """Sequence i of self where bool condition[i], else sequence i of `other` (as many sequences as self)."""
+    """Sequence i of self where condition[i], else sequence i of `other`.
+
+    Args:
+      condition: bool [num_sequences].
+      other: as many sequences as self.
+
+    Raises:
+      ValueError: if condition is not bool, or condition, self and other differ in length.
+    """
+    condition = np.asarray(condition)
+    if condition.dtype != bool or not len(condition) == len(self) == len(other):
+      raise ValueError(f'Ragged.where needs a bool condition and as many sequences on both sides, got '
+                       f'{condition.dtype} [{len(condition)}], {len(self)} and {len(other)} sequences.')
     lengths = np.where(condition, self.lengths, other.lengths)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    offsets = offsets_of(lengths)
     from_self = np.repeat(condition, lengths)
     values = np.empty(offsets[-1], np.int32)
     values[from_self] = self.values[np.repeat(condition, self.lengths)]
@@ -211,7 +222,12 @@ class Ragged:
     lengths = self.lengths
     position = np.arange(len(self.values)) - np.repeat(self.offsets[:-1], lengths)
     kept = np.minimum(lengths, max_tokens)
-    return Ragged(self.values[position < np.repeat(kept, lengths)], np.concatenate([[0], np.cumsum(kept)]))
+    return Ragged(self.values[position < np.repeat(kept, lengths)], offsets_of(kept))
+
+
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
+  """int64 [num_sequences + 1]: Ragged.offsets of sequences of these int lengths [num_sequences]."""
+  return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
 Ids = Ragged | Sequence[Sequence[int]]  # Token ids of a split: a Ragged, or one list of ids per sentence.
@@ -223,12 +239,22 @@ def as_ragged(ids: Ids) -> Ragged:
 
 
 def encode(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], chunk_size: int = 100_000,
-           dropout_rate: float = 0.0) -> Ragged:
+           bpe_dropout_rate: float = 0.0) -> Ragged:
   """Tokenises sentences (no EOS yet) in chunks, so Python lists of ids never hold the whole split.
 
-  dropout_rate > 0 samples BPE-dropout segmentations (`Tokenizer.encode`; data.bpe_dropout_rate).
+  Args:
+    tokenizer: the vocabulary.
+    texts: sentences, str.
+    chunk_size: sentences encoded at a time.
+    bpe_dropout_rate: > 0 samples BPE-dropout segmentations (data.bpe_dropout_rate; `Tokenizer.encode`).
+
+  Returns:
+    One sequence of int32 ids per sentence.
+
+  Raises:
+    ValueError: as `Tokenizer.encode`, for a bad bpe_dropout_rate.
   """
-  chunks = [Ragged.from_lists(tokenizer.encode(texts[i:i + chunk_size], dropout_rate))
+  chunks = [Ragged.from_lists(tokenizer.encode(texts[i:i + chunk_size], bpe_dropout_rate))
             for i in range(0, len(texts), chunk_size)]
   if not chunks:
     return Ragged(np.zeros(0, np.int32), np.zeros(1, np.int64))
@@ -382,16 +408,18 @@ class TrainIterator:
   epoch its own segmentations of the training pairs. The pairs kept, the buckets, the batch shapes and every
   epoch's plan come from the deterministic ids, so they do not change; a sampled side is used where it fits the
   slot planned for the deterministic one (its bucket's length, or the packed row length, EOS included), else
-  that side keeps its deterministic ids (so buckets, fitted to the deterministic lengths, keep many more of
-  them than packed rows do). Each epoch's share of sampled sides and mean length are logged. SentencePiece's
-  samples are not reproducible (`tokenizer.Tokenizer.encode`): a resumed run trains the rest of its epoch on a
-  new sample, the same pairs (none repeated or skipped) in other segmentations, packed anew.
+  that side keeps its deterministic ids. Bucketed batches fall back to the deterministic ids far more often
+  than packed ones (a pair at the top of its bucket has no room for a longer sample), so the share of sampled
+  sides depends on data.bucket_lengths; packing suits BPE-dropout better. Each epoch's share of sampled sides
+  and mean lengths are logged. SentencePiece's samples are not reproducible (`tokenizer.Tokenizer.encode`): a
+  resumed run trains the rest of its epoch on a new sample, the same pairs (none repeated or skipped) in other
+  segmentations, packed anew.
   """
 
   def __init__(self, source: Ids, target: Ids, *, tokens_per_batch: int, max_length: int,
                bucket_lengths: Sequence[int], packing: bool = False, batch_size_multiple: int = 1,
                shuffle_seed: int = 0, process_index: int = 0, process_count: int = 1, pad_rows_to: int = 1,
-               resegment: Callable[[int], tuple[Ids, Ids]] | None = None):
+               resegment: Callable[[int], Sequence[Ids]] | None = None):
     """Filters the pairs and fixes the batch shapes.
 
     Args:
@@ -406,13 +434,14 @@ class TrainIterator:
       process_index, process_count: this host and the number of hosts.
       pad_rows_to: every global batch is completed with empty rows (all PAD, weight 0) to a multiple of this
         (data shards x train.grad_accum_steps); the planned sentences do not depend on it.
-      resegment: BPE-dropout, or None: epoch -> (source, target) ids of every pair for that epoch, aligned with
-        `source` and `target` (which stay the deterministic ids). Called once per epoch; it must give every
-        host the same ids.
+      resegment: BPE-dropout, or None: epoch -> [source ids, target ids] of every pair for that epoch, aligned
+        with `source` and `target` (which stay the deterministic ids). Called once per epoch, by the first
+        batch of the epoch; it must give every host the same ids.
 
     Raises:
       ValueError: if source and target differ in length, no pair is left, or a batch size rounds down to 0 or
-        (padded) does not divide by process_count.
+        (padded) does not divide by process_count. From `next`: if resegment gives other than two sides of
+        len(source) sequences.
     """
     source, target = as_ragged(source), as_ragged(target)
     if len(source) != len(target):
@@ -438,10 +467,10 @@ class TrainIterator:
         raise ValueError(f'Batch size {rows} (length {length}) does not divide by process_count={process_count}; '
                          'pad_rows_to or batch_size_multiple should be a multiple of it.')
     self._epoch, self._position, self._plan = 0, 0, (-1, [])
-    # The room of each kept pair's sides (0 for the others): its bucket's length, or the packed row length.
-    self._room = np.zeros(len(source), np.int64)
-    self._room[self._pairs] = (max(length for _, length in self._shapes.values()) if packing
-                               else buckets[bucket_of[self._pairs]])
+    # The slot of each kept pair's sides (0 for the others): its bucket's length, or the packed row length.
+    self._slot_length = np.zeros(len(source), np.int64)
+    self._slot_length[self._pairs] = (max(length for _, length in self._shapes.values()) if packing
+                                      else buckets[bucket_of[self._pairs]])
     self._resegment, self._epoch_ids = resegment, (-1, source, target, self._lengths)
     # Every epoch has the same shapes: how many pairs move up from a bucket depends only on the bucket sizes.
     self._shapes_used = sorted(self._padded.values() if packing else {self._padded[b] for b, _ in self._epoch_plan()})
@@ -498,12 +527,13 @@ class TrainIterator:
     if self._resegment is None:
       return self._source, self._target, self._lengths
     if self._epoch_ids[0] != self._epoch:
+      resegmented = [as_ragged(ids) for ids in self._resegment(self._epoch)]
+      if [len(ids) for ids in resegmented] != [len(self._source)] * 2:
+        raise ValueError(f'resegment({self._epoch}) must give [source ids, target ids] of {len(self._source)} '
+                         f'sequences each, got {[len(ids) for ids in resegmented]}.')
       sides = []
-      for deterministic, sampled in zip((self._source, self._target), self._resegment(self._epoch)):
-        sampled = as_ragged(sampled)
-        if len(sampled) != len(deterministic):
-          raise ValueError(f'resegment({self._epoch}) gave {len(sampled)} sequences for {len(deterministic)} pairs.')
-        fits = sampled.lengths + 1 <= self._room
+      for deterministic, sampled in zip((self._source, self._target), resegmented):
+        fits = sampled.lengths + 1 <= self._slot_length
         sides.append((sampled.where(fits, deterministic), fits[self._pairs].mean()))
       (source, source_share), (target, target_share) = sides
       lengths = np.stack([source.lengths, target.lengths]) + 1

@@ -82,33 +82,33 @@ class Tokenizer:
     """The number of ids, special ids and byte pieces included."""
     return self._processor.get_piece_size()
 
-  def encode(self, texts: list[str], dropout_rate: float = 0.0) -> list[list[int]]:
+  def encode(self, texts: list[str], bpe_dropout_rate: float = 0.0) -> list[list[int]]:
     """Encodes sentences into ids, without BOS or EOS.
 
     Args:
       texts: sentences, str.
-      dropout_rate: BPE-dropout (Provilkov et al., 2020; not in the paper), SentencePiece's sampling: the
+      bpe_dropout_rate: BPE-dropout (Provilkov et al., 2020; not in the paper), SentencePiece's sampling: the
         probability with which each merge is skipped, so that a word may come out in smaller pieces than in the
         deterministic segmentation (on Multi30k, rate 0.1 gives ~40% more pieces). Every segmentation decodes to
         the same text. 0 (the default) is the deterministic segmentation. The samples are not reproducible:
-        with sentencepiece 0.2.3 two processes give different segmentations whatever
-        `spm.set_random_generator_seed` says (measured), so callers that need one sample on several hosts
-        must share it.
+        with sentencepiece 0.2.3, two processes that call `spm.set_random_generator_seed(7)` and then encode
+        the same sentences, in one thread or several, get different segmentations (measured), so callers that
+        need one sample on several hosts must share it.
 
     Returns:
       One list of int ids per sentence, in [UNK_ID, vocab_size); [] for an empty or blank sentence.
 
     Raises:
-      ValueError: if dropout_rate is outside [0, 1), or positive for a model that is not BPE (for a unigram
+      ValueError: if bpe_dropout_rate is outside [0, 1), or positive for a model that is not BPE (for a unigram
         model SentencePiece's sampling parameter means something else).
     """
-    if not 0 <= dropout_rate < 1:
-      raise ValueError(f'BPE-dropout rate must be in [0, 1), got {dropout_rate}.')
-    if not dropout_rate:
+    if not 0 <= bpe_dropout_rate < 1:
+      raise ValueError(f'BPE-dropout rate must be in [0, 1), got {bpe_dropout_rate}.')
+    if not bpe_dropout_rate:
       return self._processor.encode(list(texts), out_type=int)
     if not self._is_bpe:
       raise ValueError('BPE-dropout needs a BPE vocabulary (data.tokenizer_model_type=bpe).')
-    return self._processor.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout_rate)
+    return self._processor.encode(list(texts), out_type=int, enable_sampling=True, alpha=bpe_dropout_rate)
 
   def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
     """Decodes ids into sentences.

@@ -14,6 +14,7 @@ Reliability, as the loop implements it:
   - Start-up: config values, input files, the workdir (writable, no incompatible run in it) and, when
     translating at the end, the test split are checked before training (`experiment.setup`).
 """
+from collections.abc import Callable
 import datetime
 import functools
 import json
@@ -261,32 +262,59 @@ class _Data(NamedTuple):
   test: experiment.Split | None  # The test split when train.translate_at_end, else None.
 
 
-def _bpe_dropout(setup: Setup, source: list[str], target: list[str]):
-  """TrainIterator's `resegment` for data.bpe_dropout_rate > 0 (None at 0): epoch -> (source, target) ids.
+def _bpe_dropout(setup: Setup, source: list[str], target: list[str]
+                 ) -> Callable[[int], list[input_pipeline.Ragged]] | None:
+  """TrainIterator's `resegment` for data.bpe_dropout_rate > 0, else None.
 
-  SentencePiece's samples cannot be seeded (`tokenizer.Tokenizer.encode`), so with several processes process 0
-  samples and broadcasts them: every host must build the same global batch. ~1 s per epoch on Multi30k.
+  Returns:
+    epoch -> [source ids, target ids], a new BPE-dropout sample of every training pair at each call (~1 s per
+    epoch on Multi30k, ~1 min on WMT 2014, in the training loop). SentencePiece's samples differ between
+    processes whatever the seed (`tokenizer.Tokenizer.encode`), so with several processes process 0 samples
+    and broadcasts them (`_broadcast_ragged`), and the other processes keep no text.
   """
   rate = setup.config.data.bpe_dropout_rate
   if not rate:
     return None
+  num_pairs = len(source)
+  if jax.process_index() != 0:
+    source = target = None  # Only process 0 samples.
 
   def resegment(epoch: int) -> list[input_pipeline.Ragged]:
-    del epoch  # A new sample every call.
+    del epoch  # A new sample at every call.
     if jax.process_count() == 1:
-      return [input_pipeline.encode(setup.tokenizer, texts, dropout_rate=rate) for texts in (source, target)]
-    return [_broadcast_ragged(input_pipeline.encode(setup.tokenizer, texts, dropout_rate=rate)
-                              if jax.process_index() == 0 else None, len(texts)) for texts in (source, target)]
+      return [input_pipeline.encode(setup.tokenizer, texts, bpe_dropout_rate=rate) for texts in (source, target)]
+    return [_broadcast_ragged(input_pipeline.encode(setup.tokenizer, texts, bpe_dropout_rate=rate)
+                              if texts is not None else None, num_pairs) for texts in (source, target)]
   return resegment
 
 
+_BROADCAST_CHUNK = 1 << 22  # Tokens (16 MiB of int32) per broadcast: one compiled shape, bounded device memory.
+
+
 def _broadcast_ragged(ids: input_pipeline.Ragged | None, num_sequences: int) -> input_pipeline.Ragged:
-  """Process 0's `ids` (of num_sequences sequences) on every process; the others pass None."""
+  """Process 0's `ids` on every process: a collective that every process calls at the same point.
+
+  Args:
+    ids: on process 0, num_sequences sequences of int32 ids; None on the others.
+    num_sequences: the number of sequences, the same on every process.
+
+  Returns:
+    Process 0's ids, int32, in chunks of _BROADCAST_CHUNK tokens.
+
+  Raises:
+    ValueError: on process 0, if ids does not hold num_sequences sequences (before any collective).
+  """
+  if ids is not None and len(ids) != num_sequences:
+    raise ValueError(f'Process 0 has {len(ids)} sequences to broadcast, the processes expect {num_sequences}.')
   lengths = ids.lengths if ids is not None else np.zeros(num_sequences, np.int64)
   lengths = np.asarray(multihost_utils.broadcast_one_to_all(lengths.astype(np.int32)), np.int64)
-  values = ids.values if ids is not None else np.zeros(lengths.sum(), np.int32)
-  values = np.asarray(multihost_utils.broadcast_one_to_all(values), np.int32)
-  return input_pipeline.Ragged(values, np.concatenate([[0], np.cumsum(lengths)]))
+  offsets = input_pipeline.offsets_of(lengths)
+  values = np.zeros(-(-offsets[-1] // _BROADCAST_CHUNK) * _BROADCAST_CHUNK, np.int32)
+  if ids is not None:
+    values[:offsets[-1]] = ids.values
+  chunks = [np.asarray(multihost_utils.broadcast_one_to_all(values[start:start + _BROADCAST_CHUNK]))
+            for start in range(0, len(values), _BROADCAST_CHUNK)]
+  return input_pipeline.Ragged(np.concatenate(chunks or [values])[:offsets[-1]].astype(np.int32), offsets)
 
 
 def _load_data(setup: Setup) -> _Data:
@@ -333,7 +361,8 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
   cfg = setup.config.train
   progress = _Progress(setup, writer, int(state.step))
   logging.info('Training steps %d to %d. Progress lines: loss = the label-smoothed cross-entropy that is '
-               'optimised (train.label_smoothing=%g), nll = the plain cross-entropy per target token, acc = '
+               'optimised (train.label_smoothing=%g), nll = the plain cross-entropy per target token (of the '
+               'sampled segmentations with data.bpe_dropout_rate > 0: finer, so not comparable with validation), acc = '
                'next-token accuracy, grad norm = the mean global gradient norm; steps/s and the time left count '
                'training steps only (compilation and validation are logged apart).', int(state.step) + 1,
                cfg.num_train_steps, cfg.label_smoothing)
