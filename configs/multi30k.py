@@ -61,7 +61,6 @@ def get_config(target_lang: str | None = None):
                      test_split='test', vocab_size=8000, tokens_per_batch=2048, max_length=128,
                      bucket_lengths=(16, 24, 32, 48, 64, 128), packing=True)
   config.train.update(num_train_steps=8000, warmup_steps=400, learning_rate_scale=0.5, log_every_steps=100,
-                      label_smoothing=0.2,
                       eval_every_steps=1000, checkpoint_every_steps=200, max_checkpoints_to_keep=10,
                       eval_bleu_every_steps=1000)
   config.eval.update(average_last_n=10, bleu_beam_size=1)  # Greedy during training: ~3 s per validation.
