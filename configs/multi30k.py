@@ -55,7 +55,7 @@ def get_config(target_lang: str | None = None):
     raise ValueError(f"configs/multi30k.py:{target_lang}: Multi30k's targets are 'de' and 'fr'")
   config = base.get_config()
   config.model.update(num_layers=3, d_model=256, d_ff=1024, num_heads=4, d_k=64, d_v=64,
-                      dropout_rate=0.2, max_length=128, dtype='bfloat16',
+                      dropout_rate=0.2, attention_dropout_rate=0.1, max_length=128, dtype='bfloat16',
                       attention_product_dtype='float32')
   config.data.update(dataset='multi30k', source_lang='en', target_lang=target_lang, eval_split='validation',
                      test_split='test', vocab_size=8000, tokens_per_batch=2048, max_length=128,
