@@ -281,10 +281,9 @@ def _bpe_dropout(setup: Setup, source: list[str], target: list[str]
 
   def resegment(epoch: int) -> list[input_pipeline.Ragged]:
     del epoch  # A new sample at every call.
-    if jax.process_count() == 1:
-      return [input_pipeline.encode(setup.tokenizer, texts, bpe_dropout_rate=rate) for texts in (source, target)]
-    return [_broadcast_ragged(input_pipeline.encode(setup.tokenizer, texts, bpe_dropout_rate=rate)
-                              if texts is not None else None, num_pairs) for texts in (source, target)]
+    sides = [input_pipeline.encode(setup.tokenizer, texts, bpe_dropout_rate=rate) if texts is not None else None
+             for texts in (source, target)]
+    return sides if jax.process_count() == 1 else [_broadcast_ragged(ids, num_pairs) for ids in sides]
   return resegment
 
 
