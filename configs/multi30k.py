@@ -12,15 +12,15 @@ sharing the CPU for ~11 of them (~2.2 steps/s alone here; the same compute witho
 tokenised 41.22); test_2016_flickr sacreBLEU 40.24, lowercased tokenised 40.67, tokenised 40.35. Every
 recipe tried, chosen on the validation split only: docs/multi30k_recipes.md. The yardstick, a PyTorch
 nn.Transformer of the same shape trained 30 minutes on the same machine (a script outside this repository),
-reaches 35.2 BLEU. English->French (`:fr`, measured with recipe 5@8k, without attention dropout; not tuned
-for French): 58.3 min with the test suite and a decoding sweep sharing the CPU for about 28 of them;
-validation sacreBLEU 57.91 (lowercased tokenised 58.94); test_2016_flickr sacreBLEU 60.28, lowercased
-tokenised 61.33, tokenised 61.73.
+reaches 35.2 BLEU. English->French (`:fr`, not tuned for French; 2026-12-02, row fr10, from a clean clone,
+alone on a slower 2-vCPU Intel Xeon at 1.8-2.0 steps/s): 72.8 min; validation sacreBLEU 58.41 (lowercased
+tokenised 59.49); test_2016_flickr sacreBLEU 59.28, lowercased tokenised 60.37, tokenised 60.80.
 
 What differs from the paper, and why (a 29k-pair corpus on 2 cores instead of 4.5M pairs on 8 GPUs):
 - N=3, d_model=256, d_ff=1024, h=4 (d_k=d_v=64): Table 3 row C shows smaller models lose little, and
   this one trains ~10x faster per token than base on a CPU.
-- A shared BPE vocabulary of 8,000 (the corpus has ~10k distinct word types per language).
+- A shared BPE vocabulary of 8,000 (the corpus has ~10k distinct word types per language): with 6,000,
+  greedy validation BLEU trailed by 1.95 at 4,000 steps (36.68 against 38.63; recipe 11).
 - 2,048 source + 2,048 target slots per batch instead of 25,000: more updates in the time budget.
 - Packed batches (data.packing): several pairs per row, 7.9% of the slots padding instead of 24.0% bucketed.
   Each step then carries ~21% more real tokens for ~9% more time (0.37 against 0.34 s), and validation
@@ -29,9 +29,10 @@ What differs from the paper, and why (a 29k-pair corpus on 2 cores instead of 4.
 - P_drop=0.2 and 8,000 steps (~33 epochs): on 29k pairs 0.1 overfits sooner and 0.3 is still underfit after
   7,000 unpacked steps. Packed, validation perplexity is lowest at 6,000 steps (5.29) and rises after; of the
   last-10 averages ending at 7,000, 8,000 and 9,000 steps, 8,000 scored best (validation 40.88 against 40.70
-  and 40.38, alpha 1.4), and a 9,000-step run took 59.5 min. P_drop 0.25 overfits less (perplexity 5.24
-  against 5.35 at step 8,000) but its average translated worse (validation 40.17 against 40.88 at
-  the same averaged perplexity, 5.08 against 5.09; recipe 6).
+  and 40.38, alpha 1.4), and a 9,000-step run took 59.5 min. With attention dropout, stopping at 7,000
+  steps cost 0.52 (validation 40.56 at its best alpha, 1.8, against 41.08; row 10@7k). P_drop 0.25
+  overfits less (perplexity 5.24 against 5.35 at step 8,000) but its average translated worse
+  (validation 40.17 against 40.88 at the same averaged perplexity, 5.08 against 5.09; recipe 6).
 - Attention dropout 0.1 (not in the paper; tensor2tensor's later base settings use it): validation 41.08
   against 40.88 without it (recipe 10 against 5@8k), at a similar step time.
 - No BPE-dropout (data.bpe_dropout_rate=0): at 0.1 the pairs came out ~40% longer, so a packed step held ~30%
