@@ -101,3 +101,42 @@ def test_bfloat16_logits_give_float32_sums():
                                  weights, 0.1)
   assert all(value.dtype == jnp.float32 for value in sums.values())
   np.testing.assert_allclose(float(sums['loss_sum']), expected['loss_sum'], rtol=1e-5)
+
+
+@pytest.mark.parametrize('dtype,chunk_tokens', [(jnp.float32, 6), (jnp.float32, 1000), (jnp.bfloat16, 6)])
+def test_fused_loss_equals_reference_values_and_gradients(dtype, chunk_tokens):
+  # The training loss: the fused, chunked form against the logits -> smoothed_cross_entropy reference, in value
+  # and in the gradient of loss_sum with respect to the features and the tied embedding.
+  import jax  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  batch, length, d_model, vocab = 3, 8, 16, 37
+  features = jnp.asarray(rng.normal(size=(batch, length, d_model)), dtype)
+  embedding = jnp.asarray(rng.normal(size=(vocab, d_model)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, vocab, (batch, length)), jnp.int32)
+  weights = jnp.asarray(rng.random((batch, length)) > 0.2, jnp.float32)
+
+  def reference(x, e):
+    logits = jnp.einsum('blm,nm->bln', x.astype(jnp.float32), e.astype(x.dtype).astype(jnp.float32))
+    return losses.smoothed_cross_entropy(logits, targets, weights, 0.1)
+
+  def fused(x, e):
+    return losses.fused_smoothed_cross_entropy(x, e, targets, weights, 0.1, chunk_tokens=chunk_tokens)
+
+  expected, got = reference(features, embedding), jax.jit(fused)(features, embedding)
+  for key in ('loss_sum', 'nll_sum', 'correct_sum', 'token_count'):
+    assert float(got[key]) == pytest.approx(float(expected[key]), rel=1e-5), key
+  grad = lambda f: jax.grad(lambda x, e: f(x, e)['loss_sum'], argnums=(0, 1))(features, embedding)
+  (dx_ref, de_ref), (dx, de) = grad(reference), jax.jit(lambda x, e: grad(fused))(features, embedding)
+  assert dx.dtype == dtype and de.dtype == jnp.float32
+  tolerance = 1e-5 if dtype == jnp.float32 else 1e-2  # bf16: the gradient of the logits is rounded to bf16.
+  scale = float(jnp.max(jnp.abs(de_ref)))
+  np.testing.assert_allclose(np.asarray(dx, np.float32), np.asarray(dx_ref, np.float32),
+                             atol=tolerance * float(jnp.max(jnp.abs(dx_ref.astype(jnp.float32)))))
+  np.testing.assert_allclose(np.asarray(de), np.asarray(de_ref, np.float32), atol=tolerance * scale)
+
+
+def test_fused_loss_chunks_divide_the_length():
+  assert losses._chunk_length(32, 64, 512) == 16  # 32 x 16 = 512 tokens per chunk.
+  assert losses._chunk_length(32, 24, 512) == 12
+  assert losses._chunk_length(1000, 7, 512) == 1  # One position per chunk when a row alone is too many.
+  assert losses._chunk_length(2, 7, 512) == 7

@@ -280,8 +280,13 @@ class Transformer(nn.Module):
     """
     x = self.decoder(decoder_input_tokens, memory, source_segment_ids, target_segment_ids,
                      target_positions, deterministic, use_cache)
-    embedding = self.embedding.embedding.astype(x.dtype)  # [vocab, d_model]
-    logits = numerics.einsum('blm,nm->bln', x, embedding, jnp.float32)
+    return self.logits(x)
+
+  def logits(self, features: Array) -> Array:
+    """The pre-softmax projection tied to the embedding (§3.4): features [batch, length, d_model] (the
+    decoder stack's output) -> float32 logits [batch, length, vocab_size]."""
+    embedding = self.embedding.embedding.astype(features.dtype)  # [vocab, d_model]
+    logits = numerics.einsum('blm,nm->bln', features, embedding, jnp.float32)
     return nn.with_logical_constraint(logits, (sharding.BATCH, sharding.LENGTH, sharding.VOCAB))
 
   def init_cache(self, memory: Array, source_segment_ids: Array, max_decode_length: int,
@@ -307,8 +312,20 @@ class Transformer(nn.Module):
                source_positions: Array | None = None, target_positions: Array | None = None, *,
                deterministic: bool = True) -> Array:
     """Teacher-forced forward pass: logits float32 [batch, tgt_len, vocab_size]. Args as in encode/decode."""
+    return self.logits(self.features(source_tokens, decoder_input_tokens, source_segment_ids, target_segment_ids,
+                                     source_positions, target_positions, deterministic=deterministic))
+
+  def features(self, source_tokens: Array, decoder_input_tokens: Array,
+               source_segment_ids: Array | None = None, target_segment_ids: Array | None = None,
+               source_positions: Array | None = None, target_positions: Array | None = None, *,
+               deterministic: bool = True) -> Array:
+    """The teacher-forced decoder output before the logits, [batch, tgt_len, d_model] in the compute dtype.
+
+    Training multiplies it with the embedding inside `losses.fused_smoothed_cross_entropy`, which never holds
+    the [batch, tgt_len, vocab_size] logits at once. Args as in encode/decode.
+    """
     if source_segment_ids is None:
       source_segment_ids = segment_ids_from_tokens(source_tokens)
     memory = self.encode(source_tokens, source_segment_ids, source_positions, deterministic=deterministic)
-    return self.decode(decoder_input_tokens, memory, source_segment_ids, target_segment_ids,
-                       target_positions, deterministic=deterministic)
+    return self.decoder(decoder_input_tokens, memory, source_segment_ids, target_segment_ids, target_positions,
+                        deterministic, False)

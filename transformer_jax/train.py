@@ -84,10 +84,12 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
   token_count = jnp.maximum(jnp.sum(losses.target_weights(batch)), 1.0)
 
   def loss_fn(params, micro_batch, rng):
-    logits = model.apply({'params': params}, micro_batch['source_tokens'], micro_batch['decoder_input_tokens'],
-                         **experiment.model_inputs(micro_batch), deterministic=False, rngs={'dropout': rng})
-    sums = losses.smoothed_cross_entropy(logits, micro_batch['target_tokens'], losses.target_weights(micro_batch),
-                                         label_smoothing)
+    features = model.apply({'params': params}, micro_batch['source_tokens'], micro_batch['decoder_input_tokens'],
+                           **experiment.model_inputs(micro_batch), deterministic=False, rngs={'dropout': rng},
+                           method='features')
+    sums = losses.fused_smoothed_cross_entropy(
+        features, params['shared_embedding']['embedding'], micro_batch['target_tokens'],
+        losses.target_weights(micro_batch), label_smoothing)
     return sums['loss_sum'] / token_count, sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
