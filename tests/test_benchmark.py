@@ -12,6 +12,7 @@ import pytest
 
 from transformer_jax import benchmark
 from transformer_jax import experiment
+from transformer_jax import flops as flops_lib
 from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -32,7 +33,7 @@ def load_config(name, row=None):
 @pytest.mark.parametrize('shape, batch, length, expected', [(SMALL, 64, 32, 94.6e9), (BASE, 32, 64, 788e9)])
 def test_training_flops_match_reference_figures(shape, batch, length, expected):
   # The side-by-side yardstick's figures: matmul FLOPs of one training step, 3x forward.
-  flops = 3 * benchmark.forward_flops(model_lib.ModelConfig(**shape), batch, length, length)
+  flops = 3 * flops_lib.forward_flops(model_lib.ModelConfig(**shape), batch, length, length)
   assert flops == pytest.approx(expected, rel=2e-3)
 
 
@@ -44,7 +45,7 @@ def test_analytic_flops_agree_with_xla_cost_analysis_on_base():
   state = jax.eval_shape(lambda: nn.unbox(experiment.create_train_state(jax.random.key(0), model, tx, batch)))
   step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1))
   xla_flops = step.lower(state, batch).cost_analysis()['flops']
-  analytic = 3 * benchmark.forward_flops(cfg, 4, 32, 32)
+  analytic = 3 * flops_lib.forward_flops(cfg, 4, 32, 32)
   assert abs(xla_flops / analytic - 1.0) < 0.10, (xla_flops, analytic)
 
 

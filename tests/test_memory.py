@@ -79,3 +79,12 @@ def test_train_step_check_names_the_batch_fields(monkeypatch):
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[8, 32\] needs .*'
                                                    r'Lower data\.tokens_per_batch, data\.max_length'):
     memory.check_train_step(s, train.jit_steps)
+
+
+def test_train_step_check_takes_the_longest_of_the_shapes_training_feeds(monkeypatch):
+  # A packed run feeds one shape; the check compiles that one (which training then reuses), not the config's
+  # longest bucket.
+  s = experiment.compute_setup(tiny.get_config())
+  limit_memory(monkeypatch, 1024)
+  with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[16, 24\] needs'):
+    memory.check_train_step(s, train.jit_steps, [(32, 8), (16, 24), (24, 16)])

@@ -142,6 +142,16 @@ def test_main_end_to_end_on_text_files(tmp_path, corpus, compilation_cache_dir):
   assert sorted(events['eval/loss']) == [2, 4]
   assert list(events['test/bleu']) == [4] and list(events['eval_averaged/loss']) == [4]
   assert 'Resumed' not in process.stderr
+  # MFU in every progress line and TensorBoard, and with the goodput in final_metrics.json and the last line.
+  assert sorted(events['train/mfu']) == [1, 2, 3, 4] and all(0 < v < 1 for v in events['train/mfu'].values())
+  assert re.search(r'\| MFU \d+\.\d% \|', process.stderr)
+  record = json.loads((workdir / 'final_metrics.json').read_text())
+  assert 0 < record['mfu'] < 1 and 0 < record['goodput'] < 1 and record['peak_flops'] > 0
+  stages = sum(record[f'{name}_seconds'] for name in ('train_steps', 'compile', 'input', 'evaluation', 'checkpoint',
+                                                      'setup'))
+  assert 0 < record['train_steps_seconds'] and stages <= record['wall_seconds'] + 1e-6
+  assert re.search(r'^Wall time \d+ s, goodput \d+\.\d% \(training steps\): train steps', process.stdout,
+                   re.MULTILINE), process.stdout
 
   # --mode=evaluate decodes the same averaged checkpoints again: the same BLEU line.
   evaluated = run_main(workdir, flags + ['--mode=evaluate'], compilation_cache_dir)

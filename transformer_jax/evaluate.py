@@ -215,7 +215,8 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
     eval_split: `encode_split` of the validation split, if already loaded; read when None.
     run_info: figures of the training run to store in final_metrics.json beside the evaluation's
       (`train_wall_seconds`: this invocation's training loop, compilation and validation included;
-      `train_steps`), or None.
+      `train_steps`; `mfu` over the training steps and the `peak_flops` it divides by; `goodput` and each
+      stage's seconds from `goodput.Timeline.summary`), or None.
     output_dir: where the files go; None: the workdir (the training run's own final evaluation).
 
   Returns:

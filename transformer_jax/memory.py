@@ -139,14 +139,19 @@ TRAIN_BATCH_FIELDS = ('data.tokens_per_batch', 'data.max_length (or data.bucket_
                       'or raise train.grad_accum_steps')
 
 
-def check_train_step(setup, jit_steps: Callable[..., tuple[Any, Any]]) -> str:
+def check_train_step(setup, jit_steps: Callable[..., tuple[Any, Any]],
+                     shapes: Sequence[tuple[int, int]] | None = None) -> str:
   """Compiles the train step for the batch that needs the most memory and raises if it would not fit.
 
   Call before the state is created (it lowers the abstract state), so that nothing has been allocated yet.
+  The step compiled for the longest of `shapes` is the one training then runs, so with the persistent
+  compilation cache the loop's first step loads it instead of compiling again.
 
   Args:
     setup: the `experiment.Setup`.
     jit_steps: `train.jit_steps` (passed in, since train.py imports this module).
+    shapes: the global [batch, length] shapes training will feed (`input_pipeline.TrainIterator.shapes`); the
+      longest (then the widest) is checked. None: `largest_batch_shape` of the config, for the data unseen.
 
   Returns:
     The sentence of `fits`, also logged.
@@ -156,7 +161,10 @@ def check_train_step(setup, jit_steps: Callable[..., tuple[Any, Any]]) -> str:
   """
   abstract_state = setup.abstract_state()
   train_fn, _ = jit_steps(setup, jax.tree.map(lambda x: x.sharding, abstract_state))
-  shape = largest_batch_shape(setup.config.data, setup.data_shards * setup.config.train.grad_accum_steps)
+  if shapes:
+    shape = max(shapes, key=lambda shape: (shape[1], shape[0]))
+  else:
+    shape = largest_batch_shape(setup.config.data, setup.data_shards * setup.config.train.grad_accum_steps)
   batch = abstract_batch(setup.config.data, shape, sharding.batch_sharding(setup.mesh))
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     compiled = train_fn.lower(abstract_state, batch).compile()

@@ -35,6 +35,8 @@ import tensorboardX
 
 from transformer_jax import evaluate as evaluate_lib
 from transformer_jax import experiment
+from transformer_jax import flops as flops_lib
+from transformer_jax import goodput
 from transformer_jax import input_pipeline
 from transformer_jax import losses
 from transformer_jax import memory
@@ -158,14 +160,16 @@ def _accumulate(sums: dict[str, Array], metrics: dict[str, Array]) -> dict[str, 
 class _Progress:
   """Sums metrics on the device between reports; checks each step for non-finite values one step late.
 
-  Rates and the time left count training steps only: the seconds spent compiling, validating and saving
-  on request (`exclude`) are left out and reported apart.
+  Rates, MFU and the time left count training steps only: the seconds spent compiling, validating and saving
+  on request (`exclude`) are left out and reported apart. MFU is the model FLOPs of the batches trained
+  (`flops.train_step_flops` of their padded or packed shapes) per second, over `peak_flops`.
   """
 
-  def __init__(self, setup: Setup, writer, first_step: int):
-    self.setup, self.writer = setup, writer
-    self.sums, self.tokens, self.pending = self._zeros(), 0, None
+  def __init__(self, setup: Setup, writer, first_step: int, peak_flops: float):
+    self.setup, self.writer, self.peak_flops = setup, writer, peak_flops
+    self.sums, self.tokens, self.flops, self.pending = self._zeros(), 0, 0.0, None
     self.time, self.step, self.excluded = time.perf_counter(), first_step, 0.0
+    self.total_flops = 0.0  # Over the whole loop, for final_metrics.json.
 
   @staticmethod
   def _zeros() -> dict[str, Array]:
@@ -181,6 +185,11 @@ class _Progress:
     self.pending = (step, metrics)
     self.sums = _accumulate(self.sums, metrics)
     self.tokens += sum(int(np.count_nonzero(batch[k])) for k in ('source_tokens', 'target_tokens'))
+    rows = batch['source_tokens'].shape[0] * jax.process_count()  # Every process holds an equal share.
+    step_flops = flops_lib.train_step_flops(self.setup.model.cfg, rows, batch['source_tokens'].shape[1],
+                                            batch['target_tokens'].shape[1])
+    self.flops += step_flops
+    self.total_flops += step_flops
 
   def check_pending(self) -> None:
     """Checks the last recorded step; raises FloatingPointError or warns (train.on_nonfinite) if it was skipped."""
@@ -212,13 +221,16 @@ class _Progress:
       tokens = int(np.sum(multihost_utils.process_allgather(np.int64(tokens))))
     summary |= {'learning_rate': float(self.setup.schedule(step - 1)), 'steps_per_sec': steps_per_sec,
                 'tokens_per_sec': tokens / seconds, 'skipped_steps': float(sums['skipped_steps']),
-                'grad_norm': float(sums['grad_norm']) / max(float(sums['applied_steps']), 1.0)}
+                'grad_norm': float(sums['grad_norm']) / max(float(sums['applied_steps']), 1.0),
+                'mfu': self.flops / seconds / self.peak_flops}
     logging.info('step %d/%d | loss %.4f | nll %.4f | acc %.3f | grad norm %.3g | lr %.3g | %.2f steps/s | '
-                 '%.0f tokens/s | %s left', step, self.setup.config.train.num_train_steps, summary['loss'],
-                 summary['nll'], summary['accuracy'], summary['grad_norm'], summary['learning_rate'],
-                 steps_per_sec, summary['tokens_per_sec'], datetime.timedelta(seconds=int(remaining)))
+                 '%.0f tokens/s | MFU %.1f%% | %s left', step, self.setup.config.train.num_train_steps,
+                 summary['loss'], summary['nll'], summary['accuracy'], summary['grad_norm'],
+                 summary['learning_rate'], steps_per_sec, summary['tokens_per_sec'], 100 * summary['mfu'],
+                 datetime.timedelta(seconds=int(remaining)))
     evaluate_lib.write_scalars(self.writer, step, summary, prefix='train')
-    self.sums, self.tokens, self.time, self.step, self.excluded = self._zeros(), 0, now, step, 0.0
+    self.sums, self.tokens, self.flops, self.time, self.step, self.excluded = (
+        self._zeros(), 0, 0.0, now, step, 0.0)
 
 
 class _StopRequest:
@@ -357,10 +369,13 @@ def _restore_or_init(setup: Setup, data: _Data) -> tuple[TrainState, Any]:
 
 
 def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data, writer,
-                stop: _StopRequest) -> tuple[TrainState, int | None]:
-  """Steps state.step + 1 .. train.num_train_steps; returns (state, the step it stopped at on request or None)."""
+                stop: _StopRequest, progress: _Progress, timeline: goodput.Timeline
+                ) -> tuple[TrainState, int | None]:
+  """Steps state.step + 1 .. train.num_train_steps; returns (state, the step it stopped at on request or None).
+
+  Each stage's wall time goes to `timeline` (input, compile, evaluation, checkpoint; the rest is training steps).
+  """
   cfg = setup.config.train
-  progress = _Progress(setup, writer, int(state.step))
   logging.info('Training steps %d to %d. Progress lines: loss = the label-smoothed cross-entropy that is '
                'optimised (train.label_smoothing=%g), nll = the plain cross-entropy per target token (of the '
                'sampled segmentations with data.bpe_dropout_rate > 0: finer, so not comparable with validation), acc = '
@@ -368,12 +383,15 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
                'training steps only (compilation and validation are logged apart).', int(state.step) + 1,
                cfg.num_train_steps, cfg.label_smoothing)
   for step in range(int(state.step) + 1, cfg.num_train_steps + 1):
-    batch = next(data.train_iter)
+    with timeline.stage('input'):
+      batch = next(data.train_iter)
+      device_batch = setup.device_batch(batch)
     compiled, start = train_fn._cache_size(), time.perf_counter()  # pylint: disable=protected-access
-    state, metrics = train_fn(state, setup.device_batch(batch))
+    state, metrics = train_fn(state, device_batch)
     if train_fn._cache_size() != compiled:  # pylint: disable=protected-access
       seconds = time.perf_counter() - start  # The call returned once compiled (the step runs asynchronously).
       progress.exclude(seconds)
+      timeline.add('compile', seconds)
       logging.info('Compiled the train step for batch shape %s in %.1f s.', list(batch['source_tokens'].shape),
                    seconds)
     progress.update(step, metrics, batch)
@@ -383,15 +401,18 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
     if last or step % cfg.log_every_steps == 0:
       progress.report(step)
     start = time.perf_counter()
-    if last or step % cfg.eval_every_steps == 0:
-      eval_metrics = evaluate_lib.validate(setup, eval_fn, state.params, data.eval_batches, step)
-      evaluate_lib.write_scalars(writer, step, eval_metrics, 'eval')
-    if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
-      scores = evaluate_lib.validation_bleu(setup, state.params, data.eval_split, step)
-      evaluate_lib.write_scalars(writer, step, scores, 'eval')
-      setup.best_checkpoints.save(step, {'params': state.params}, {}, force=True, metrics={'bleu': scores['bleu']})
+    with timeline.stage('evaluation'):
+      if last or step % cfg.eval_every_steps == 0:
+        eval_metrics = evaluate_lib.validate(setup, eval_fn, state.params, data.eval_batches, step)
+        evaluate_lib.write_scalars(writer, step, eval_metrics, 'eval')
+      if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
+        scores = evaluate_lib.validation_bleu(setup, state.params, data.eval_split, step)
+        evaluate_lib.write_scalars(writer, step, scores, 'eval')
+        setup.best_checkpoints.save(step, {'params': state.params}, {}, force=True,
+                                    metrics={'bleu': scores['bleu']})
     progress.exclude(time.perf_counter() - start)
-    setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
+    with timeline.stage('checkpoint'):
+      setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
       return state, step
   return state, None
@@ -414,6 +435,14 @@ def _finished_run(setup: Setup) -> dict[str, Any] | None:
   return metrics
 
 
+def _report_time(timeline: goodput.Timeline) -> None:
+  """Logs and prints where this invocation's wall time went (`goodput.Timeline.line`)."""
+  line = timeline.line()
+  logging.info('%s', line)
+  if jax.process_index() == 0:
+    print(line)
+
+
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Trains (resuming from the latest checkpoint in workdir), evaluates periodically, then translates.
 
@@ -431,31 +460,47 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   data_cfg = config.data
   splits = (data_cfg.train_split, data_cfg.eval_split) + ((data_cfg.test_split,) if config.train.translate_at_end
                                                           else ())
-  setup = experiment.setup(config, workdir, data_splits=splits)
+  timeline = goodput.Timeline()
+  with timeline.stage('setup'):
+    setup = experiment.setup(config, workdir, data_splits=splits)
   writer = None
   try:
     finished = _finished_run(setup)
     if finished is not None:
       return finished
-    if jax.process_index() == 0:
-      workdir_lib.save_config(config, workdir)  # For notebooks and --mode=evaluate/translate.
-    data = _load_data(setup)
-    memory.check_train_step(setup, jit_steps)  # Stops before any state is allocated if the step cannot fit.
-    state, state_sharding = _restore_or_init(setup, data)
-    train_fn, eval_fn = jit_steps(setup, state_sharding)
+    with timeline.stage('setup'):
+      if jax.process_index() == 0:
+        workdir_lib.save_config(config, workdir)  # For notebooks and --mode=evaluate/translate.
+      data = _load_data(setup)
+      # Stops before any state is allocated if the step cannot fit.
+      memory.check_train_step(setup, jit_steps, data.train_iter.shapes)
+      state, state_sharding = _restore_or_init(setup, data)
+      train_fn, eval_fn = jit_steps(setup, state_sharding)
+      peak, peak_source = flops_lib.peak_flops(setup.model.cfg.compute_dtype)
+      logging.info('MFU is reported against a peak of %.3g TFLOP/s (%s).', peak / 1e12, peak_source)
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
+    progress = _Progress(setup, writer, int(state.step), peak)
     start = time.perf_counter()
-    with _StopRequest() as stop, jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-      state, stopped_at = _train_loop(setup, state, train_fn, eval_fn, data, writer, stop)
-    run_info = {'train_wall_seconds': time.perf_counter() - start, 'train_steps': int(state.step)}
-    setup.checkpoints.wait_until_finished()
+    with (_StopRequest() as stop, jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules),
+          timeline.loop()):
+      state, stopped_at = _train_loop(setup, state, train_fn, eval_fn, data, writer, stop, progress, timeline)
+    with timeline.stage('checkpoint'):
+      setup.checkpoints.wait_until_finished()
+    steps_seconds = max(timeline.seconds['train_steps'], 1e-9)
+    run_info = {'train_wall_seconds': time.perf_counter() - start, 'train_steps': int(state.step),
+                'mfu': progress.total_flops / steps_seconds / peak, 'peak_flops': peak}
     if stopped_at is not None:
       logging.warning('Stopped by %s after step %d: saved checkpoint step %d in %s. Run the same command to '
                       'resume.', stop.reason, stopped_at, setup.checkpoints.latest_step(),
                       setup.checkpoints.directory)
+      _report_time(timeline)
       return {'stopped_at_step': stopped_at}
-    return evaluate_lib.final_evaluation(setup, eval_fn, data.eval_batches, writer, test_split=data.test,
-                            eval_split=data.eval_split, run_info=run_info)
+    with timeline.stage('final_evaluation'):
+      # final_metrics.json holds the timeline as of the final evaluation's start; the last line, after it.
+      results = evaluate_lib.final_evaluation(setup, eval_fn, data.eval_batches, writer, test_split=data.test,
+                                              eval_split=data.eval_split, run_info=run_info | timeline.summary())
+    _report_time(timeline)
+    return results
   finally:
     if writer is not None:
       writer.close()

@@ -1,0 +1,72 @@
+"""Model FLOPs per step and the device's peak: what MFU (model FLOPs utilisation) divides.
+
+Training (`train`, every progress line and `final_metrics.json`) and `--mode=benchmark` both count a step's
+work with `forward_flops` and divide by `peak_flops`, so the two report the same MFU for the same step.
+"""
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax import model as model_lib
+
+# Dense bf16 peaks (FLOP/s per chip) of accelerators whose measured matmul rate would understate the datasheet.
+KNOWN_PEAKS = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5p': 459e12, 'TPU v6 lite': 918e12}
+
+
+def forward_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: int, target_length: int) -> float:
+  """Matrix-product FLOPs of one teacher-forced forward pass (2 per multiply-add).
+
+  Counts projections, attention scores and weighted sums, feed-forward and the output logits over the padded
+  (or packed) shapes, as the step computes them; not softmax, layer norm or other elementwise work. Training
+  costs 3x this (forward + two backward products).
+  """
+  h, d_k, d_v, d_model, d_ff = cfg.num_heads, cfg.d_k, cfg.d_v, cfg.d_model, cfg.d_ff
+  projections = 2 * d_model * h * (2 * d_k + d_v) + 2 * h * d_v * d_model  # Q, K, V and W^O per token.
+  feed_forward = 2 * 2 * d_model * d_ff
+
+  def attend(queries, keys):
+    return 2 * queries * keys * h * (d_k + d_v)
+
+  src, tgt = batch_size * source_length, batch_size * target_length
+  encoder = src * (projections + feed_forward) + batch_size * attend(source_length, source_length)
+  cross = (tgt * (2 * d_model * h * d_k + 2 * h * d_v * d_model) + src * 2 * d_model * h * (d_k + d_v)
+           + batch_size * attend(target_length, source_length))
+  decoder = tgt * (projections + feed_forward) + batch_size * attend(target_length, target_length) + cross
+  logits = tgt * 2 * d_model * cfg.vocab_size
+  return float(cfg.num_layers * (encoder + decoder) + logits)
+
+
+def train_step_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: int, target_length: int) -> float:
+  """Model FLOPs of one training step on a [batch_size, source_length + target_length] batch: 3x forward."""
+  return 3 * forward_flops(cfg, batch_size, source_length, target_length)
+
+
+def measure_peak_flops(dtype, size: int, repeats: int = 10) -> float:
+  """FLOP/s of a [size, size] x [size, size] product in `dtype` with float32 accumulation, on one device.
+
+  The fastest of `repeats` runs: a peak is the best the device reaches, and on a shared machine the
+  slower runs measure the neighbours, not the device.
+  """
+  a = jnp.ones((size, size), dtype)
+  matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+  jax.block_until_ready(matmul(a, a))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(matmul(a, a))
+    times.append(time.perf_counter() - start)
+  return 2 * size ** 3 / min(times)
+
+
+@functools.lru_cache
+def peak_flops(dtype) -> tuple[float, str]:
+  """(peak FLOP/s of all devices together, where it came from): a known accelerator's table value, else measured
+  here (a 2048^3 product on CPUs, 8192^3 elsewhere; about a second, once per process and dtype)."""
+  kind = jax.devices()[0].device_kind
+  for name, value in KNOWN_PEAKS.items():
+    if kind.startswith(name):
+      return value * jax.device_count(), f'table ({kind})'
+  size = 2048 if jax.default_backend() == 'cpu' else 8192
+  return measure_peak_flops(dtype, size) * jax.device_count(), f'measured {size}^3 matmul on {kind}'
