@@ -13,6 +13,9 @@ os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ['TFDS_DATA_DIR'] = tempfile.mkdtemp(prefix='tfds_tests_')
 atexit.register(shutil.rmtree, os.environ['TFDS_DATA_DIR'], True)
+# `main`'s persistent compilation cache (in-process and subprocess runs) in a folder of this session, not ~/.cache.
+os.environ['TRANSFORMER_JAX_COMPILATION_CACHE'] = tempfile.mkdtemp(prefix='xla_cache_tests_')
+atexit.register(shutil.rmtree, os.environ['TRANSFORMER_JAX_COMPILATION_CACHE'], True)
 
 import jax  # pylint: disable=g-import-not-at-top
 from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top

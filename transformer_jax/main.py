@@ -51,6 +51,14 @@ flags.DEFINE_integer('initialization_timeout_secs', None, 'Multi-host: seconds t
                      'default, 300).')
 
 
+flags.DEFINE_string('compilation_cache_dir',
+                    os.environ.get('TRANSFORMER_JAX_COMPILATION_CACHE', '~/.cache/transformer_jax/xla'),
+                    "JAX's persistent compilation cache for train, evaluate, translate and tune_decoding: a rerun, "
+                    'a resumed run or an evaluation of the same shapes loads each compiled step (6-16 s of '
+                    'compilation on a 2-core CPU) instead of compiling it. Empty: no cache. Default: '
+                    '$TRANSFORMER_JAX_COMPILATION_CACHE, else ~/.cache/transformer_jax/xla.')
+
+
 class _QuietLibraries(python_logging.Filter):
   """Drops orbax's, TFDS's and JAX's INFO records (dozens per checkpoint; 'Unable to initialize backend tpu'
   on every start of a CPU or GPU machine); keeps their warnings and our logs."""
@@ -87,6 +95,8 @@ def main(argv):
     raise app.UsageError(f'--workdir is required for --mode={mode}')
   from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
+  if flags.FLAGS.compilation_cache_dir:
+    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(flags.FLAGS.compilation_cache_dir))
   if mode in ('evaluate', 'translate', 'tune_decoding'):
     config = experiment.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
