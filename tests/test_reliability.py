@@ -235,6 +235,8 @@ def test_nonfinite_loss_is_skipped_with_on_nonfinite_skip(monkeypatch, tmp_path,
     ('data', 'vocab_size', 0, r'data\.vocab_size must be a positive integer, got 0'),
     ('data', 'bpe_dropout_rate', 1.0, r'data\.bpe_dropout_rate must be in \[0, 1\), got 1\.0'),
     ('eval', 'average_last_n', 3, r'eval\.average_last_n must be in \[1, train\.max_checkpoints_to_keep=2\], got 3'),
+    ('data', 'shuffle_seed', -1, r'data\.shuffle_seed must be an integer in \[0, 2\*\*32\), got -1'),
+    ('decode', 'alpha', float('inf'), r'decode\.alpha must be a finite number >= 0, got inf'),
 ])
 def test_bad_config_value_fails_before_anything_is_written(tmp_path, corpus, section, key, value, match):
   config = text_config(corpus)
@@ -458,3 +460,105 @@ def test_mode_evaluate_writes_a_new_folder_and_leaves_the_runs_files(tmp_path, c
     assert json.loads((folder / 'final_metrics.json').read_text())['loss'] == pytest.approx(results['loss'])
   after = snapshot(workdir)
   assert {path: after[path] for path in before} == before  # The training run's own outputs are untouched.
+
+
+def test_second_writer_stops_at_once_naming_the_holder(tmp_path, corpus, reference_run):
+  # Issue #32, 1: two trainers on one workdir. The first holds run.lock; the second stops before writing.
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  config = text_config(corpus)
+  config.train.num_train_steps = NUM_STEPS + 2  # Would train on.
+  with workdir_lib.RunLock(workdir, 'train'):
+    before = snapshot(workdir)
+    with pytest.raises(workdir_lib.WorkdirInUseError,
+                       match=rf'{re.escape(str(workdir))} is in use by process {os.getpid()} on .*, train since .*'
+                             r'Wait for it to finish, stop it, or use another --workdir'):
+      train.train_and_evaluate(config, str(workdir))
+    assert snapshot(workdir) == before
+    with pytest.raises(workdir_lib.WorkdirInUseError):  # An evaluation writes too.
+      evaluate.evaluate_checkpoint(experiment.config_for_mode(config, str(workdir), 'evaluate'), str(workdir))
+  assert not (workdir / workdir_lib.LOCK).exists()  # Released on exit.
+
+
+def test_lock_is_released_on_errors_and_a_stale_one_is_taken_over(tmp_path, caplog):
+  lock = workdir_lib.RunLock(tmp_path, 'train')
+  with pytest.raises(RuntimeError, match='boom'):
+    with lock:
+      assert json.loads((tmp_path / workdir_lib.LOCK).read_text())['pid'] == os.getpid()
+      raise RuntimeError('boom')
+  assert not (tmp_path / workdir_lib.LOCK).exists()
+  dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True,
+                        check=True)
+  stale = json.loads(json.dumps({'host': __import__('socket').gethostname(), 'pid': int(dead.stdout),
+                                 'started': 'yesterday', 'command': 'killed -9'}))
+  (tmp_path / workdir_lib.LOCK).write_text(json.dumps(stale))
+  with caplog.at_level(logging.WARNING):
+    with workdir_lib.RunLock(tmp_path, 'train'):
+      assert json.loads((tmp_path / workdir_lib.LOCK).read_text())['pid'] == os.getpid()
+  assert f'left by process {int(dead.stdout)}' in messages(caplog, logging.WARNING)
+  (tmp_path / workdir_lib.LOCK).write_text(json.dumps(stale | {'host': 'another-host'}))
+  with pytest.raises(workdir_lib.WorkdirInUseError, match=r'on another-host.*if that process no longer runs, '
+                                                          r'delete .*run\.lock'):
+    workdir_lib.RunLock(tmp_path, 'train').acquire()  # Another host's process cannot be checked from here.
+
+
+def test_lost_or_replaced_vocabulary_stops_a_resumed_run(tmp_path, corpus, reference_run):
+  # Issue #32, 3: with checkpoints present, a missing vocabulary is not retrained, a different one is refused.
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  vocabulary = workdir / f'spm_{VOCAB_SIZE}.model'
+  recorded = (workdir / workdir_lib.VOCABULARY_HASH).read_text().strip()
+  original = vocabulary.read_bytes()
+  config = text_config(corpus)
+  config.train.num_train_steps = NUM_STEPS + 2
+  vocabulary.unlink()
+  with pytest.raises(FileNotFoundError, match=rf'{re.escape(str(vocabulary))} is missing, but .* checkpoints up '
+                                              rf'to step {NUM_STEPS} trained with it \(SHA-256 {recorded}\)'):
+    train.train_and_evaluate(config, str(workdir))
+  assert not vocabulary.exists()  # Not trained again.
+  vocabulary.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+  with pytest.raises(ValueError, match=rf'has SHA-256 [0-9a-f]{{64}}, but this run was trained with the vocabulary '
+                                       rf'of SHA-256 {recorded}'):
+    train.train_and_evaluate(config, str(workdir))
+
+
+def test_failed_rerun_leaves_the_config_and_a_resume_records_its_changes(tmp_path, corpus, reference_run):
+  # Issue #32, 4: config.json is the first start's; a later start's changes go to config_changes.json.
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  stored = (workdir / workdir_lib.CONFIG).read_text()
+  config = text_config(corpus)
+  config.train.num_train_steps, config.train.label_smoothing, config.data.shuffle_seed = NUM_STEPS + 2, 0.3, -1
+  with pytest.raises(ValueError, match='data.shuffle_seed'):
+    train.train_and_evaluate(config, str(workdir))
+  assert (workdir / workdir_lib.CONFIG).read_text() == stored
+  assert not (workdir / workdir_lib.CONFIG_CHANGES).exists()
+  config.data.shuffle_seed = 0
+  train.train_and_evaluate(config, str(workdir))
+  assert (workdir / workdir_lib.CONFIG).read_text() == stored
+  history = json.loads((workdir / workdir_lib.CONFIG_CHANGES).read_text())
+  assert [(h['from_step'], h['changes']) for h in history] == [
+      (NUM_STEPS + 1, {'train.num_train_steps': [NUM_STEPS, NUM_STEPS + 2], 'train.label_smoothing': [0.1, 0.3]})]
+  run_config = workdir_lib.get_config(str(workdir))  # What --mode=evaluate and the notebook read.
+  assert (run_config.train.num_train_steps, run_config.train.label_smoothing) == (NUM_STEPS + 2, 0.3)
+
+
+def test_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
+  # Issue #32, 6: a BOM stayed in reference line 1 (a hypothesis equal to the line scored 89.3, not 100).
+  from transformer_jax import multi30k  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'refs.de'
+  path.write_bytes('\ufeffein Mann\nein Hund\n'.encode('utf-8'))
+  assert multi30k.read_lines(path) == ['ein Mann', 'ein Hund']
+
+
+def test_truncated_config_and_vocabulary_name_the_file(tmp_path, reference_run):
+  # Issue #32, 5: a JSONDecodeError without a file, a SentencePiece ParseFromArray error.
+  from transformer_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  config_json = tmp_path / 'config.json'
+  config_json.write_text((reference_run.workdir / 'config.json').read_text()[:100])
+  with pytest.raises(ValueError, match=rf'{re.escape(str(config_json))} is not valid JSON .*the file is damaged'):
+    workdir_lib.get_config(str(tmp_path))
+  vocabulary = tmp_path / f'spm_{VOCAB_SIZE}.model'
+  vocabulary.write_bytes((reference_run.workdir / vocabulary.name).read_bytes()[:300])
+  with pytest.raises(ValueError, match=rf'{re.escape(str(vocabulary))} is not a readable SentencePiece model'):
+    tokenizer_lib.Tokenizer.load(vocabulary)

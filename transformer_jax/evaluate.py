@@ -313,7 +313,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
   """
   data_cfg = config.data
   setup = experiment.setup(config, workdir, data_splits=(data_cfg.eval_split,) + (
-      (data_cfg.test_split,) if config.train.translate_at_end else ()))
+      (data_cfg.test_split,) if config.train.translate_at_end else ()), lock='evaluate')
   output_dir = new_evaluation_dir(workdir)
   try:
     eval_split = experiment.encode_split(setup, data_cfg.eval_split)

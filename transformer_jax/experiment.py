@@ -7,6 +7,7 @@ that `Setup.abstract_state` can describe a checkpoint without initialising one.
 """
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 from typing import Any, NamedTuple
@@ -117,7 +118,8 @@ def validate_config(config) -> model_lib.ModelConfig:
   _validate_train(train_cfg)
   _validate_data(data_cfg)
   _require(_is_positive_int(decode_cfg.beam_size), 'decode.beam_size', decode_cfg.beam_size, 'an integer >= 1')
-  _require(decode_cfg.alpha >= 0.0, 'decode.alpha', decode_cfg.alpha, '>= 0')
+  _require(math.isfinite(decode_cfg.alpha) and decode_cfg.alpha >= 0.0, 'decode.alpha', decode_cfg.alpha,
+           'a finite number >= 0')
   _require(_is_positive_int(decode_cfg.extra_length), 'decode.extra_length', decode_cfg.extra_length,
            'an integer >= 1')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
@@ -205,6 +207,8 @@ def _validate_data(data_cfg) -> None:
            data_cfg.tokenizer_normalization, f'one of {tokenizer_lib.NORMALIZATIONS}')
   _require(isinstance(data_cfg.tokenizer_seed, int) and 0 <= data_cfg.tokenizer_seed < 2**32, 'data.tokenizer_seed',
            data_cfg.tokenizer_seed, 'an integer in [0, 2**32)')
+  _require(isinstance(data_cfg.shuffle_seed, int) and 0 <= data_cfg.shuffle_seed < 2**32, 'data.shuffle_seed',
+           data_cfg.shuffle_seed, 'an integer in [0, 2**32)')
   _require(0.0 <= data_cfg.bpe_dropout_rate < 1.0, 'data.bpe_dropout_rate', data_cfg.bpe_dropout_rate, 'in [0, 1)')
   _require(not data_cfg.bpe_dropout_rate or data_cfg.tokenizer_model_type == 'bpe', 'data.bpe_dropout_rate',
            data_cfg.bpe_dropout_rate, "0 unless data.tokenizer_model_type='bpe'")
@@ -257,12 +261,17 @@ class Setup:
   # The eval.average_best_n checkpoints (parameters only) with the best validation BLEU, when
   # train.eval_bleu_every_steps > 0; else None.
   best_checkpoints: checkpoints_lib.CheckpointManager | None = None
+  lock: workdir_lib.RunLock | None = None  # The run folder's lock, for the modes that write it.
 
   def close(self) -> None:
-    """Waits for pending checkpoint saves and releases the checkpoint managers' threads."""
-    self.checkpoints.close()
-    if self.best_checkpoints is not None:
-      self.best_checkpoints.close()
+    """Waits for pending checkpoint saves, releases the checkpoint managers' threads, then the run's lock."""
+    try:
+      self.checkpoints.close()
+      if self.best_checkpoints is not None:
+        self.best_checkpoints.close()
+    finally:
+      if self.lock is not None:
+        self.lock.release()
 
   @property
   def data_shards(self) -> int:
@@ -305,7 +314,7 @@ def compute_setup(config, workdir: str | None = None) -> Setup:
                tokenizer=None, model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule, checkpoints=None)
 
 
-def setup(config, workdir: str, data_splits=()) -> Setup:
+def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setup:
   """Checks config, input files and workdir, then loads or trains the vocabulary and builds the model.
 
   Nothing is written before every check has passed, and the only writes before training are the workdir
@@ -316,12 +325,15 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
     config: the ConfigDict (configs/base.py).
     workdir: the run's folder.
     data_splits: splits whose input files must exist (`check_data_files`).
+    lock: for the modes that write the run ('train', 'evaluate'): take the folder's `workdir.RunLock` (process
+      0), released by `Setup.close`; None: read it without locking.
 
   Raises:
     ValueError: for a bad config value, or a workdir holding a run with an incompatible config.
     FileNotFoundError: for a missing input file.
     OSError: if the workdir cannot be created or written.
     tfds_downloads.DownloadError: when a TFDS dataset cannot be downloaded (before the workdir is created).
+    workdir.WorkdirInUseError: when another process writes the run folder (nothing is written then).
   """
   built = compute_setup(config, workdir)
   model_cfg = built.model.cfg
@@ -330,19 +342,76 @@ def setup(config, workdir: str, data_splits=()) -> Setup:
     input_pipeline.prepare_dataset(config.data)  # A failed download leaves no workdir behind.
   _check_writable(workdir)
   distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
-  # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would
-  # otherwise leave a second spm_<vocab_size>.model behind before failing.
-  manager = open_checkpoints(config, workdir, model_cfg)
+  run_lock = _lock(workdir, lock)
+  manager = None
   try:
+    # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would
+    # otherwise leave a second spm_<vocab_size>.model behind before failing.
+    manager = open_checkpoints(config, workdir, model_cfg)
+    _check_vocabulary(config, workdir, manager)
     tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
     if tokenizer.vocab_size != model_cfg.vocab_size:
       raise ValueError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
                        f'data.vocab_size={model_cfg.vocab_size}')
+    if run_lock is not None:
+      _record_vocabulary_hash(config, workdir)
+    best = open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
   except BaseException:
-    manager.close()  # Its threads would outlive the error.
+    if manager is not None:
+      manager.close()  # Its threads would outlive the error.
+    if run_lock is not None:
+      run_lock.release()
     raise
-  best = open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
-  return dataclasses.replace(built, tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best)
+  return dataclasses.replace(built, tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best,
+                             lock=run_lock)
+
+
+def _lock(workdir: str, purpose: str | None) -> workdir_lib.RunLock | None:
+  """The run folder's lock for `purpose` on process 0 (None when not asked for, or not a local folder)."""
+  if purpose is None or jax.process_index() != 0:
+    return None
+  if not workdir_lib.RunLock.supported(workdir):
+    logging.warning('%s is not a local folder: not locked; make sure no other process writes it.', workdir)
+    return None
+  return workdir_lib.RunLock(workdir, purpose).acquire()
+
+
+def _vocabulary_paths(config, workdir: str) -> tuple[epath.Path, epath.Path]:
+  """(the vocabulary file, the file recording its SHA-256)."""
+  return (epath.Path(workdir_lib.path(workdir, workdir_lib.vocabulary_file(config.data.vocab_size))),
+          epath.Path(workdir_lib.path(workdir, workdir_lib.VOCABULARY_HASH)))
+
+
+def _check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointManager) -> None:
+  """The run's vocabulary must be the one it trained with: a new one would index other pieces.
+
+  Raises:
+    FileNotFoundError: naming the missing file and the checkpoint step, when checkpoints exist without it.
+    ValueError: naming the file and both hashes, when it differs from the one the run recorded
+      (`vocabulary.sha256`, written by `_record_vocabulary_hash`).
+  """
+  vocabulary, recorded = _vocabulary_paths(config, workdir)
+  expected = recorded.read_text().strip() if recorded.exists() else None
+  if not vocabulary.exists():
+    latest = manager.latest_step()
+    if latest is not None:
+      raise FileNotFoundError(
+          f'{vocabulary} is missing, but {workdir} holds checkpoints up to step {latest} trained with it'
+          f'{f" (SHA-256 {expected})" if expected else ""}. A new vocabulary would index other pieces: restore '
+          'the file, or train in another --workdir.')
+    return
+  actual = hashlib.sha256(vocabulary.read_bytes()).hexdigest()
+  if expected is not None and actual != expected:
+    raise ValueError(f'{vocabulary} has SHA-256 {actual}, but this run was trained with the vocabulary of SHA-256 '
+                     f'{expected} ({recorded}): its embeddings would index other pieces. Restore the original '
+                     'file, or train in another --workdir.')
+
+
+def _record_vocabulary_hash(config, workdir: str) -> None:
+  """Writes `vocabulary.sha256` when the run has none (a new run, or one older than the record)."""
+  vocabulary, recorded = _vocabulary_paths(config, workdir)
+  if not recorded.exists() and jax.process_index() == 0:
+    recorded.write_text(hashlib.sha256(vocabulary.read_bytes()).hexdigest() + '\n')
 
 
 def open_checkpoints(config, workdir: str,
@@ -441,17 +510,6 @@ _TRAINING_ONLY_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', '
                          'data.bpe_dropout_rate')
 
 
-def _leaves(config, prefix: str = '') -> dict[str, Any]:
-  """{'section.field': value} with tuples as lists, nested ones too (as config.json stores them)."""
-  leaves = {}
-  for key, value in config.items():
-    if hasattr(value, 'items'):
-      leaves |= _leaves(value, f'{prefix}{key}.')
-    else:
-      leaves[f'{prefix}{key}'] = json.loads(json.dumps(value)) if isinstance(value, (tuple, list)) else value
-  return leaves
-
-
 def config_for_mode(config, workdir: str, mode: str):
   """The config --mode=evaluate/translate runs with: the run's `<workdir>/config.json`, changed only where the
   command line's config changes decoding or evaluation fields (`_EVALUATION_FIELDS`). Reads only.
@@ -477,11 +535,11 @@ def config_for_mode(config, workdir: str, mode: str):
   if not checkpoints_lib.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)):
     raise FileNotFoundError(f'--mode={mode}: no checkpoint in {workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)}'
                             ': train first (--mode=train)')
-  stored = workdir_lib.with_defaults(workdir_lib.load_config(stored_path))
+  stored = workdir_lib.load_run_config(workdir)
   vocabulary = workdir_lib.path(workdir, workdir_lib.vocabulary_file(stored.data.vocab_size))
   if not epath.Path(vocabulary).is_file():
     raise FileNotFoundError(f'--mode={mode}: the run\'s vocabulary {vocabulary} is missing')
-  given, kept = _leaves(config), _leaves(stored)
+  given, kept = workdir_lib.config_leaves(config), workdir_lib.config_leaves(stored)
   resolved, ignored = stored, []
   for key, value in given.items():
     if key in kept and value == kept[key]:

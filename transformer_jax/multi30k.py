@@ -55,7 +55,7 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
   """Reads a UTF-8 text file, plain or gzip (detected from its first bytes), one sentence per line.
 
   Lines are split at '\\n' only (not at other Unicode line breaks, which can occur inside sentences); a trailing
-  '\\r' is removed. Empty lines are kept.
+  '\\r' is removed, and a UTF-8 byte-order mark at the start of the file. Empty lines are kept.
 
   Args:
     path: a local path or any path `etils.epath` reads (e.g. gs://).
@@ -77,6 +77,7 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
     line = data.count(b'\n', 0, e.start) + 1
     column = e.start - (data.rfind(b'\n', 0, e.start) + 1)
     raise ValueError(f'{path}: line {line} is not valid UTF-8 ({e.reason} at byte {column} of the line).') from None
+  text = text.removeprefix('\ufeff')  # A byte-order mark is not part of the first sentence.
   lines = text.split('\n')
   if lines[-1] == '':  # The newline that ends the last line; also turns an empty file into no lines.
     lines.pop()

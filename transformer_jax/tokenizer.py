@@ -30,6 +30,7 @@ import time
 
 from absl import logging
 from etils import epath
+import google.protobuf.message
 import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
@@ -69,8 +70,16 @@ class Tokenizer:
 
   @classmethod
   def load(cls, path: str | os.PathLike[str]) -> 'Tokenizer':
-    """Loads a `.model` file (local or any path `etils.epath` reads, such as gs://)."""
-    return cls(epath.Path(path).read_bytes())
+    """Loads a `.model` file (local or any path `etils.epath` reads, such as gs://).
+
+    Raises:
+      ValueError: naming the file, when it is not a SentencePiece model (truncated or damaged).
+    """
+    try:
+      return cls(epath.Path(path).read_bytes())
+    except (RuntimeError, google.protobuf.message.DecodeError) as e:
+      raise ValueError(f'{path} is not a readable SentencePiece model ({e}): the file is damaged or truncated. '
+                       'Restore it; a run without checkpoints can delete it to train it again.') from None
 
   @property
   def normalization(self) -> str:

@@ -462,18 +462,18 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                                                           else ())
   timeline = goodput.Timeline()
   with timeline.stage('setup'):
-    setup = experiment.setup(config, workdir, data_splits=splits)
+    setup = experiment.setup(config, workdir, data_splits=splits, lock='train')
   writer = None
   try:
     finished = _finished_run(setup)
     if finished is not None:
       return finished
     with timeline.stage('setup'):
-      if jax.process_index() == 0:
-        workdir_lib.save_config(config, workdir)  # For notebooks and --mode=evaluate/translate.
       data = _load_data(setup)
       # Stops before any state is allocated if the step cannot fit.
       memory.check_train_step(setup, jit_steps, data.train_iter.shapes)
+      if jax.process_index() == 0:  # Every check has passed: the run's record (notebooks, --mode=evaluate).
+        workdir_lib.record_config(config, workdir, setup.checkpoints.latest_step() or 0)
       state, state_sharding = _restore_or_init(setup, data)
       train_fn, eval_fn = jit_steps(setup, state_sharding)
       peak, peak_source = flops_lib.peak_flops(setup.model.cfg.compute_dtype)

@@ -1,13 +1,16 @@
 """The layout of a run's folder (`--workdir`), in one place. Imports neither TensorFlow nor JAX.
 
   <workdir>/
-    config.json                         the run's resolved config (`save_config`, `load_config`)
+    config.json                         the run's resolved config at its first start (`record_config`), never rewritten
+    config_changes.json                 fields a later start changed, with the step they took effect at
     spm_<vocab_size>.model              the shared BPE vocabulary (tokenizer.py)
+    vocabulary.sha256                   its SHA-256, checked whenever the run is opened (experiment.setup)
     checkpoints/<step>/                 TrainState and input position, the last train.max_checkpoints_to_keep
     best_checkpoints/<step>/            parameters of the eval.average_best_n best steps by validation BLEU
     unusable_checkpoints/<step>.<time>/ checkpoints found unreadable at resumption, set aside
     <split>.hyp.<target_lang>           the final evaluation's hypotheses, one line per source line
     final_metrics.json                  the final evaluation's figures (what transformer_jax.report reads)
+    run.lock                            held by the one process that writes the run (train, evaluate; `RunLock`)
     compile.json                        --mode=compile's memory and FLOP estimates
     evaluations/<YYYYmmdd-HHMMSS>/      each --mode=evaluate's hypotheses and final_metrics.json
     events.out.tfevents.*               TensorBoard scalars
@@ -16,23 +19,29 @@ The package's modules name these files and folders through this module's constan
 strings, joined with `/`, so that a `gs://` workdir works wherever the writer (orbax, epath, tensorboardX)
 supports it.
 """
+import datetime
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import re
+import socket
 import sys
 
 from etils import epath
 import ml_collections
 
 CONFIG = 'config.json'
+CONFIG_CHANGES = 'config_changes.json'
 CHECKPOINTS = 'checkpoints'
 BEST_CHECKPOINTS = 'best_checkpoints'
 UNUSABLE_CHECKPOINTS = 'unusable_checkpoints'
 FINAL_METRICS = 'final_metrics.json'
 COMPILE_REPORT = 'compile.json'
 EVALUATIONS = 'evaluations'
+LOCK = 'run.lock'
+VOCABULARY_HASH = 'vocabulary.sha256'  # The SHA-256 of the vocabulary the run trained with.
 
 
 def path(workdir: str | os.PathLike[str], name: str) -> str:
@@ -67,6 +76,79 @@ def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[st
   return os.fspath(target)
 
 
+def config_leaves(config, prefix: str = '') -> dict:
+  """{'section.field': value} with tuples as lists, nested ones too (as config.json stores them)."""
+  leaves = {}
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      leaves |= config_leaves(value, f'{prefix}{key}.')
+    else:
+      leaves[f'{prefix}{key}'] = json.loads(json.dumps(value)) if isinstance(value, (tuple, list)) else value
+  return leaves
+
+
+def _write_atomically(target: epath.Path, text: str) -> None:
+  tmp = epath.Path(f'{target}.tmp-{os.getpid()}')
+  tmp.write_text(text, encoding='utf-8')
+  tmp.replace(target)
+
+
+def record_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str], step: int) -> dict:
+  """Records the config a training start runs with: `config.json` at the first start, written once; later starts
+  whose fields differ from the run's (`load_run_config`) append the changes to `config_changes.json`.
+
+  Call after every check has passed, so that a command that fails leaves the record as it was.
+
+  Args:
+    config: the resolved config of this start.
+    workdir: the run's folder.
+    step: the step training resumes from (the changes take effect at step + 1).
+
+  Returns:
+    {'section.field': [run's value, this start's value]} for each changed field ({} for the first start).
+
+  Raises:
+    OSError: if the workdir cannot be written.
+  """
+  target = epath.Path(path(workdir, CONFIG))
+  if not target.exists():
+    save_config(config, workdir)
+    return {}
+  before, after = config_leaves(load_run_config(workdir)), config_leaves(config)
+  changes = {key: [before.get(key), value] for key, value in after.items() if before.get(key) != value}
+  if changes:
+    changes_path = epath.Path(path(workdir, CONFIG_CHANGES))
+    history = json.loads(changes_path.read_text(encoding='utf-8')) if changes_path.exists() else []
+    history.append({'from_step': step + 1, 'time': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+                    'changes': changes})
+    _write_atomically(changes_path, json.dumps(history, indent=2, sort_keys=True))
+    logging.warning('Resuming at step %d with changed fields (recorded in %s): %s', step + 1, changes_path,
+                    ', '.join(f'{key} {old!r} -> {new!r}' for key, (old, new) in changes.items()))
+  return changes
+
+
+def load_run_config(workdir: str | os.PathLike[str]) -> ml_collections.ConfigDict:
+  """The config a run last trained with: `config.json`, with the fields the code added since at their defaults
+  (`with_defaults`) and every change recorded in `config_changes.json` applied in order.
+
+  Raises:
+    FileNotFoundError: if `<workdir>/config.json` does not exist.
+    ValueError: naming the file, if config.json or config_changes.json is not valid JSON.
+  """
+  stored = with_defaults(load_config(path(workdir, CONFIG)))
+  changes_path = epath.Path(path(workdir, CONFIG_CHANGES))
+  if changes_path.exists():
+    try:
+      history = json.loads(changes_path.read_text(encoding='utf-8'))
+    except ValueError as e:
+      raise ValueError(f'{changes_path} is not valid JSON ({e}); restore it or remove its last entry.') from None
+    for entry in history:
+      for key, (_, value) in entry['changes'].items():
+        section, name = key.split('.', 1)
+        stored[section][name] = value
+  return stored
+
+
 def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> ml_collections.ConfigDict:
   """Returns a ConfigDict given itself, a `config.json`, a workdir holding one, or a config file.
 
@@ -88,7 +170,11 @@ def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> m
   if not epath.Path(file).is_file():
     raise FileNotFoundError(f'no config file {file!r} (give a ConfigDict, configs/<name>.py or a config.json)')
   if file.endswith('.json'):
-    return ml_collections.ConfigDict(json.loads(epath.Path(file).read_text(encoding='utf-8')))
+    try:
+      return ml_collections.ConfigDict(json.loads(epath.Path(file).read_text(encoding='utf-8')))
+    except ValueError as e:
+      raise ValueError(f'{file} is not valid JSON ({e}): the file is damaged (restore it from a copy, or '
+                       'train in a new --workdir).') from None
   root = str(pathlib.Path(file).resolve().parents[1])
   if root not in sys.path:
     sys.path.insert(0, root)
@@ -108,7 +194,7 @@ def get_config(workdir: str) -> ml_collections.ConfigDict:
   file = path(workdir, CONFIG)
   if not epath.Path(file).is_file():
     raise FileNotFoundError(f'{file} does not exist: --workdir={workdir} holds no run (pass --config=...)')
-  return with_defaults(load_config(file))
+  return load_run_config(workdir)
 
 
 BASE_CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
@@ -128,3 +214,104 @@ def with_defaults(stored: ml_collections.ConfigDict) -> ml_collections.ConfigDic
       if key not in stored[section]:
         stored[section][key] = value
   return stored
+
+
+class WorkdirInUseError(RuntimeError):
+  """Another process holds the run folder's `run.lock`."""
+
+
+class RunLock:
+  """One writer per run folder: `<workdir>/run.lock`, created exclusively, holding the holder's host, pid,
+  start time and command.
+
+  A second train or evaluate on the folder stops at once with `WorkdirInUseError` naming the holder. A lock
+  left by a process that no longer runs on this host (killed with -9, a crashed machine's reboot) is taken
+  over with a warning; a holder on another host cannot be checked from here, so the error says how to
+  remove its lock. Folders that are not local paths (gs://...) are not locked: the caller logs that.
+  Use as a context manager, or `acquire()` and `release()` (release on every exit path).
+  """
+
+  def __init__(self, workdir: str | os.PathLike[str], purpose: str):
+    self.file = path(workdir, LOCK)
+    self.purpose = purpose
+    self.held = False
+
+  @staticmethod
+  def supported(workdir: str | os.PathLike[str]) -> bool:
+    """Whether the folder is a local path (an exclusive create is only atomic there)."""
+    return '://' not in os.fspath(workdir)
+
+  def acquire(self) -> 'RunLock':
+    """Creates the lock, taking over a stale one.
+
+    Raises:
+      WorkdirInUseError: naming the holder (host, pid, start time, command) and what to do.
+    """
+    record = {'host': socket.gethostname(), 'pid': os.getpid(), 'purpose': self.purpose,
+              'started': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+              'command': ' '.join(sys.argv)}
+    for _ in range(2):
+      try:
+        fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        holder = self._holder()
+        if not self._stale(holder):
+          raise WorkdirInUseError(self._in_use_message(holder)) from None
+        logging.warning('Taking over %s, left by process %s on %s (%s), which no longer runs.', self.file,
+                        holder.get('pid'), holder.get('host'), holder.get('started'))
+        try:
+          os.unlink(self.file)
+        except FileNotFoundError:
+          pass  # Another process took it over first: the exclusive create decides.
+        continue
+      with os.fdopen(fd, 'w', encoding='utf-8') as f:
+        json.dump(record, f)
+      self.held = True
+      return self
+    raise WorkdirInUseError(self._in_use_message(self._holder()))
+
+  def release(self) -> None:
+    """Removes the lock if this object holds it."""
+    if self.held:
+      self.held = False
+      try:
+        os.unlink(self.file)
+      except FileNotFoundError:
+        pass
+
+  def __enter__(self) -> 'RunLock':
+    return self.acquire()
+
+  def __exit__(self, *exc_info) -> None:
+    self.release()
+
+  def _holder(self) -> dict:
+    try:
+      with open(self.file, encoding='utf-8') as f:
+        return json.load(f)
+    except (OSError, ValueError):
+      return {}
+
+  def _stale(self, holder: dict) -> bool:
+    """A holder that no longer runs on this host; an unreadable lock older than 10 s (its writer died)."""
+    if not holder:
+      try:
+        return datetime.datetime.now().timestamp() - os.path.getmtime(self.file) > 10.0
+      except FileNotFoundError:
+        return True
+    if holder.get('host') != socket.gethostname():
+      return False
+    try:
+      os.kill(int(holder['pid']), 0)
+    except ProcessLookupError:
+      return True
+    except (PermissionError, KeyError, ValueError, TypeError):
+      return False
+    return False
+
+  def _in_use_message(self, holder: dict) -> str:
+    who = (f"process {holder.get('pid')} on {holder.get('host')}, {holder.get('purpose', 'a run')} since "
+           f"{holder.get('started')} ({holder.get('command')})" if holder else 'a process that left no record')
+    return (f'{os.path.dirname(self.file)} is in use by {who}: one process writes a run folder at a time. '
+            f'Wait for it to finish, stop it, or use another --workdir; if that process no longer runs, delete '
+            f'{self.file}.')
