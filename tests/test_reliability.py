@@ -562,3 +562,29 @@ def test_truncated_config_and_vocabulary_name_the_file(tmp_path, reference_run):
   vocabulary.write_bytes((reference_run.workdir / vocabulary.name).read_bytes()[:300])
   with pytest.raises(ValueError, match=rf'{re.escape(str(vocabulary))} is not a readable SentencePiece model'):
     tokenizer_lib.Tokenizer.load(vocabulary)
+
+
+def test_flipped_bytes_in_a_checkpoint_are_caught_by_its_checksums(tmp_path, corpus, reference_run, caplog):
+  # Issue #32, 2: 16 flipped bytes in a data chunk restored without error, with corrupted values.
+  from transformer_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  newest = workdir / 'checkpoints' / str(NUM_STEPS)
+  assert json.loads((newest / checkpoints.CHECKSUMS).read_text())  # Written once the step committed.
+  chunk = max((p for p in (newest / 'state').rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
+  data = bytearray(chunk.read_bytes())
+  middle = len(data) // 2
+  data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
+  chunk.write_bytes(bytes(data))
+  with pytest.raises(checkpoints.ChecksumError, match=rf'{re.escape(str(chunk))} has SHA-256 [0-9a-f]{{64}}, not '
+                                                      r'the [0-9a-f]{64} recorded at save'):
+    checkpoints.verify_checksums(newest)
+  config = text_config(corpus)
+  config.train.num_train_steps = NUM_STEPS + 2
+  with caplog.at_level(logging.WARNING):
+    train.train_and_evaluate(config, str(workdir))
+  log = messages(caplog, logging.WARNING)
+  assert re.search(rf'Checkpoint step {NUM_STEPS} .* is unusable \(ChecksumError: .*damaged after it was written',
+                   log), log
+  assert f'Moved unusable checkpoint step {NUM_STEPS}' in log
+  assert checkpoint_steps(workdir)[-1] == NUM_STEPS + 2  # Resumed from the previous step and trained on.

@@ -5,10 +5,13 @@ Layout: `<workdir>/checkpoints/<step>/` holds three items of one composite check
                data), written with `StandardSave` (OCDBT + zarr3, one file set per process);
   data_state/  the input iterator's position, a small JSON dict (e.g. {'epoch': 3, 'position': 120});
   metadata/    {'fingerprint': ...}, the config values that must match for a resume to be valid.
+  sha256.json  {relative path: SHA-256} of every file above, written by process 0 once the step has committed.
 
 Orbax writes each step into a temporary directory and renames it once every process has finished,
 so a save cut short by preemption never appears in `all_steps()`. Damage after the fact (a
-truncated or deleted file) is caught by `restore_latest`, which falls back to the previous step.
+truncated or deleted file, or flipped bytes that would restore without error: `sha256.json`) is caught by
+`restore_latest`, which falls back to the previous step; `restore` and `restore_subtree` (averaging, export)
+verify the checksums first and name the file that differs.
 
 A save that fails in orbax's background thread (disk full, a permission changed, a failing write)
 raises `CheckpointSaveError` naming its step from the first `save` call after the failure (at the latest
@@ -26,6 +29,7 @@ checkpoints, which were written at 10-minute intervals. For the big models, we a
 from __future__ import annotations
 
 import collections.abc
+import hashlib
 import json
 import math
 import os
@@ -47,6 +51,54 @@ PyTree = Any
 _STATE = 'state'
 _DATA_STATE = 'data_state'
 _METADATA = 'metadata'
+CHECKSUMS = 'sha256.json'  # In each step's folder, beside the items.
+
+
+class ChecksumError(ValueError):
+  """A checkpoint file's SHA-256 is not the one recorded when the step was saved."""
+
+
+def _file_digests(step_dir: epath.Path) -> dict[str, str]:
+  """{path relative to step_dir: SHA-256} of every file under it except the record itself."""
+  digests, folders = {}, [step_dir]
+  while folders:  # epath has no recursive glob on remote file systems.
+    for path in sorted(folders.pop().iterdir()):
+      if path.is_dir():
+        folders.append(path)
+      elif path.name != CHECKSUMS:
+        digest = hashlib.sha256()
+        with path.open('rb') as f:
+          for block in iter(lambda: f.read(1 << 22), b''):
+            digest.update(block)
+        digests[str(path.relative_to(step_dir))] = digest.hexdigest()
+  return dict(sorted(digests.items()))
+
+
+def write_checksums(step_dir: str | os.PathLike[str]) -> None:
+  """Records the SHA-256 of every file of a committed step in `<step_dir>/sha256.json`."""
+  step_dir = epath.Path(step_dir)
+  tmp = step_dir / f'{CHECKSUMS}.tmp'
+  tmp.write_text(json.dumps(_file_digests(step_dir), indent=1, sort_keys=True))
+  tmp.replace(step_dir / CHECKSUMS)
+
+
+def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
+  """Checks a step's files against its `sha256.json`; False when it has none (saved before the record existed).
+
+  Raises:
+    ChecksumError: naming the first file that differs, is missing or was added.
+  """
+  step_dir = epath.Path(step_dir)
+  record = step_dir / CHECKSUMS
+  if not record.exists():
+    return False
+  expected, actual = json.loads(record.read_text()), _file_digests(step_dir)
+  for name in sorted(set(expected) | set(actual)):
+    if expected.get(name) != actual.get(name):
+      what = ('is missing' if name not in actual else 'was not in the checkpoint when it was saved'
+              if name not in expected else f'has SHA-256 {actual[name]}, not the {expected[name]} recorded at save')
+      raise ChecksumError(f'{step_dir / name} {what}: the checkpoint was damaged after it was written.')
+  return True
 
 
 def committed_steps(directory: str | os.PathLike[str]) -> list[int]:
@@ -124,6 +176,7 @@ class CheckpointManager:
     self._best_metric = best_metric
     self._save_interval_steps = save_interval_steps
     self._pending_step: int | None = None  # A started save not yet confirmed complete.
+    self._unrecorded: list[int] = []  # Steps this manager saved whose checksums are not written yet.
     # The same naming orbax uses by default (`<step>`, committed steps only); kept here so that the
     # fingerprint can be read before the orbax manager creates anything on disk.
     self._name_format = ocp.step.standard_name_format()
@@ -256,6 +309,8 @@ class CheckpointManager:
       raise self._save_error(step if previous is None else previous, e) from e
     if not started:
       self._pending_step = previous
+    else:
+      self._unrecorded.append(step)
     return started
 
   def _raise_if_failed(self, wait: bool) -> None:
@@ -267,6 +322,17 @@ class CheckpointManager:
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(self._pending_step, e) from e
     self._pending_step = None
+    self._record_checksums()
+
+  def _record_checksums(self) -> None:
+    """Writes the checksums of the steps saved since the last call (all committed by now; process 0)."""
+    steps, self._unrecorded = self._unrecorded, []
+    if jax.process_index() != 0:
+      return
+    for step in steps:
+      step_dir = epath.Path(self._step_path(step))
+      if step_dir.is_dir():  # Not deleted meanwhile (max_to_keep).
+        write_checksums(step_dir)
 
   def _save_error(self, step: int, error: Exception) -> CheckpointSaveError:
     self._pending_step = None
@@ -340,9 +406,11 @@ class CheckpointManager:
     Raises:
       ValueError: if `step` is not a committed step or a leaf has no sharding. Errors from orbax
         (a damaged checkpoint, a structure or shape mismatch) propagate.
+      ChecksumError: if a file differs from the checksums recorded when the step was saved.
     """
     self._check_step(step)
     _require_shardings(abstract_state, 'abstract_state')
+    verify_checksums(self._step_path(step))
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(**{
@@ -441,9 +509,11 @@ class CheckpointManager:
     Raises:
       ValueError: if `step` is not a committed step, a leaf has no sharding, or the checkpoint
         lacks a leaf of `abstract_subtree`.
+      ChecksumError: if a file differs from the checksums recorded when the step was saved.
     """
     self._check_step(step)
     _require_shardings(abstract_subtree, 'abstract_subtree')
+    verify_checksums(self._step_path(step))
     item = {subtree: abstract_subtree}
     # StandardRestore cannot restore part of a tree, and the composite manager binds the `state`
     # item to the handler it first saw; a separate PyTree checkpointer reads the same files.
