@@ -59,3 +59,36 @@ def test_overrides_apply_to_the_config_of_the_workdir_when_config_is_left_out(tm
   assert process.returncode == 0, process.stderr[-3000:]
   lines = process.stdout.splitlines()
   assert 'eval.average_last_n = 17  (default: 5)' in lines and 'decode.alpha = 2.5  (default: 0.6)' in lines
+
+
+def test_misspelt_field_is_one_line_with_the_closest_name(tmp_path):
+  process = main(f'--config={REPO_ROOT}/configs/multi30k.py', '--config.model.d_modle=128', '--mode=config',
+                 cwd=tmp_path)
+  assert process.returncode == 1
+  assert process.stderr.strip().splitlines() == [
+      '--config.model.d_modle: model.d_modle is not a config field; did you mean model.d_model? (--mode=config '
+      'lists every field)']
+
+
+def test_user_errors_are_their_message_without_a_traceback(tmp_path):
+  process = main(f'--config={REPO_ROOT}/configs/multi30k.py', f'--workdir={tmp_path}/run', '--config.data.manual_dir=typo',
+                 cwd=tmp_path)
+  assert process.returncode == 1
+  assert 'Traceback' not in process.stderr
+  assert process.stderr.strip().splitlines()[-2:] == [
+      f'FileNotFoundError: data.manual_dir: the folder {tmp_path}/typo does not exist.',
+      '(--verbosity=1 shows the traceback)']
+  assert not (tmp_path / 'run').exists()
+  verbose = main(f'--config={REPO_ROOT}/configs/multi30k.py', f'--workdir={tmp_path}/run',
+                 '--config.data.manual_dir=typo', '--verbosity=1', cwd=tmp_path)
+  assert verbose.returncode == 1 and 'Traceback' in verbose.stderr
+
+
+def test_relative_paths_are_stored_absolute(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  config = multi30k.get_config()
+  config.data.update(manual_dir='data/multi30k', train_files='a.en,../b.de', tfds_data_dir='gs://bucket/tfds')
+  workdir_lib.absolute_paths(config)
+  assert config.data.manual_dir == f'{tmp_path}/data/multi30k'
+  assert config.data.train_files == f'{tmp_path}/a.en,{tmp_path.parent}/b.de'
+  assert config.data.tfds_data_dir == 'gs://bucket/tfds' and config.data.eval_files == ''

@@ -13,6 +13,7 @@ only decoding and evaluation fields (`experiment.config_for_mode`). Config files
 """
 import os
 import pathlib
+import re
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow (tf.data, TFDS) is chatty on import.
@@ -97,6 +98,8 @@ def main(argv):
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
   if flags.FLAGS.compilation_cache_dir:
     jax.config.update('jax_compilation_cache_dir', os.path.expanduser(flags.FLAGS.compilation_cache_dir))
+  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  config = workdir_lib.absolute_paths(config)  # config.json stores paths that work from any directory.
   if mode in ('evaluate', 'translate', 'tune_decoding'):
     config = experiment.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
@@ -188,10 +191,48 @@ def _print_help_and_exit(argv: list[str]) -> None:
   sys.exit(0)
 
 
+# Errors a user fixes (a config value or field, a file, a path, a run folder, memory, a download), printed as
+# their message alone; anything else is a bug and keeps its traceback.
+_USER_ERRORS = (ValueError, OSError, MemoryError, FloatingPointError, RuntimeError)
+
+
+def _unknown_field_message(error: AttributeError, argv: list[str]) -> str | None:
+  """The one line for a misspelt `--config.<section>.<field>` (ml_collections raises AttributeError while the
+  flags parse), or None when the error is not that."""
+  text = str(error)
+  name = re.search(r'instead of "(\w+)"', text) or re.search(r"'(\w+)'", text)
+  if name is None or flags.FLAGS.is_parsed():
+    return None
+  given = [arg.split('=', 1)[0][2:] for arg in argv
+           if arg.startswith('--config.') and arg.split('=', 1)[0].split('.')[-1] == name[1]]
+  if not given:
+    return None
+  key = given[0].removeprefix('config.')
+  suggestion = re.search(r'Did you mean "(\w+)"', text)
+  closest = f'; did you mean {key.rsplit(".", 1)[0]}.{suggestion[1]}?' if suggestion else ''
+  return f'--{given[0]}: {key} is not a config field{closest} (--mode=config lists every field)'
+
+
+def _run(argv: list[str]) -> None:
+  """app.run(main) with user errors as one line on stderr (exit status 1; --verbosity=1 for the traceback) and
+  Ctrl-C as a quiet stop (exit status 130)."""
+  try:
+    app.run(main, argv=prepare_argv(argv))
+  except KeyboardInterrupt:
+    print('Interrupted.', file=sys.stderr)
+    sys.exit(130)
+  except AttributeError as error:
+    message = _unknown_field_message(error, argv)
+    if message is None:
+      raise
+    sys.exit(message)
+  except _USER_ERRORS as error:
+    if flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1:
+      raise
+    sys.exit(f'{type(error).__name__}: {error}\n(--verbosity=1 shows the traceback)')
+
+
 if __name__ == '__main__':
   _print_help_and_exit(sys.argv)
   jax.config.config_with_absl()
-  try:
-    app.run(main, argv=prepare_argv(sys.argv))
-  except tfds_downloads.DownloadError as error:  # One message, no traceback: the message says what to do.
-    raise SystemExit(f'DownloadError: {error}') from None
+  _run(sys.argv)

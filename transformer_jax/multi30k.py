@@ -124,9 +124,15 @@ def check_manual_dir(manual_dir: str | os.PathLike[str], languages: Sequence[str
     languages: the languages that must be there, e.g. ('en', 'de') for an English-German run.
 
   Raises:
+    FileNotFoundError: naming the absolute path, when the folder does not exist.
     ValueError: for a missing file, or a language Multi30k does not have.
   """
   manual_dir, languages = epath.Path(manual_dir), check_languages(languages)
+  if not manual_dir.is_dir():
+    given = os.fspath(manual_dir)
+    shown = os.path.abspath(given) if '://' not in given else given
+    relative = f' (given as {given!r}, relative to {os.getcwd()})' if shown != given else ''
+    raise FileNotFoundError(f'data.manual_dir: the folder {shown} does not exist{relative}.')
   needed = file_names(languages)
   missing = [name for name in needed if not (manual_dir / name).exists()]
   if missing:

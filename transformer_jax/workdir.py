@@ -76,6 +76,23 @@ def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[st
   return os.fspath(target)
 
 
+# Config fields that name local files or folders ('SOURCE,TARGET' for the *_files fields).
+PATH_FIELDS = ('manual_dir', 'tfds_data_dir', 'train_files', 'eval_files', 'test_files')
+
+
+def absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Makes the data.* path fields absolute (relative to the working directory), in place, and returns config:
+  config.json then names the same files whatever directory --mode=evaluate or the notebook runs from. Empty
+  fields and remote paths (gs://...) are left as they are."""
+  def absolute(value: str) -> str:
+    return value if not value or '://' in value else os.path.abspath(os.path.expanduser(value))
+  for field in PATH_FIELDS:
+    value = config.data.get(field)
+    if isinstance(value, str) and value:
+      config.data[field] = ','.join(absolute(part) for part in value.split(','))
+  return config
+
+
 def config_leaves(config, prefix: str = '') -> dict:
   """{'section.field': value} with tuples as lists, nested ones too (as config.json stores them)."""
   leaves = {}
