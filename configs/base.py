@@ -130,6 +130,12 @@ def get_config() -> ml_collections.ConfigDict:
       ),
   ))
 
+  # --mode=export (transformer_jax/export.py): a CTranslate2 model directory for serving.
+  config.export = ml_collections.ConfigDict(dict(
+      format='ctranslate2',
+      quantization='int8',            # CTranslate2's weight type: int8, int8_float32, float32 or bfloat16.
+  ))
+
   config.benchmark = ml_collections.ConfigDict(dict(
       batch_size=0,                   # 0: tokens_per_batch // source_length.
       source_length=32,

@@ -79,3 +79,16 @@ def reference_run(tmp_path_factory, corpus, persistent_compilation_cache) -> tin
     from transformer_jax import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
     results = train.train_and_evaluate(tiny_runs.text_config(corpus), str(workdir))
   return tiny_runs.Run(workdir, results, batches, tiny_runs.read_events(workdir))
+
+
+# End-to-end tests: tiny trainings on the synthetic or real corpus, the notebook, several processes. Left out of
+# the fast subset a contributor runs before committing (`-m "not slow and not integration"`).
+_INTEGRATION_FIXTURES = {'corpus', 'reference_run', 'multi30k_dir'}
+_INTEGRATION_MODULES = {'test_notebook', 'test_multihost', 'test_shared_workdir', 'test_launch', 'test_inspect'}
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    if _INTEGRATION_FIXTURES & set(getattr(item, 'fixturenames', ())) or item.module.__name__ in _INTEGRATION_MODULES:
+      item.add_marker(pytest.mark.integration)

@@ -501,7 +501,7 @@ def make_eval_batches(setup: Setup, source_ids, target_ids) -> list[dict[str, np
 
 # What --mode=evaluate and --mode=translate may change in a run's stored config: how to decode and evaluate,
 # where the input files are now, and the mesh. Anything else is the run's own.
-_EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'train.translate_at_end', 'data.eval_split',
+_EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'export.', 'train.translate_at_end', 'data.eval_split',
                       'data.test_split', 'data.manual_dir', 'data.tfds_data_dir', 'data.train_files',
                       'data.eval_files', 'data.test_files', 'data.tokens_per_batch', 'model.dtype',
                       'model.attention_impl', 'model.attention_product_dtype')

@@ -38,7 +38,11 @@ class Timeline:
       self.seconds[name] += time.perf_counter() - start
 
   def add(self, name: str, seconds: float) -> None:
-    """Adds seconds measured elsewhere (e.g. a compilation inside a step's call) to stage `name`."""
+    """Adds seconds measured elsewhere (e.g. a compilation inside a step's call) to stage `name`.
+
+    Raises:
+      KeyError: for a name not in STAGES, or 'train_steps'.
+    """
     if name not in STAGES or name == 'train_steps':
       raise KeyError(f'unknown stage {name!r}; one of {STAGES[1:]}')
     self.seconds[name] += seconds

@@ -30,7 +30,8 @@ from ml_collections import config_flags
 
 from transformer_jax import tfds_downloads
 
-MODES = ('train', 'evaluate', 'translate', 'tune_decoding', 'summary', 'benchmark', 'compile', 'config')
+MODES = ('train', 'evaluate', 'translate', 'tune_decoding', 'summary', 'benchmark', 'compile', 'config',
+         'export')
 
 config_flags.DEFINE_config_file('config', None, 'Configuration file (configs/*.py[:argument]); default: the '
                                 '<workdir>/config.json of an existing run. --mode=config lists every field.',
@@ -39,7 +40,8 @@ flags.DEFINE_string('workdir', None, 'Directory for the vocabulary, checkpoints,
 flags.DEFINE_enum('mode', 'train', MODES, 'What to do (config: print every config field, its value, default '
                   'and meaning, and exit).')
 flags.DEFINE_string('input', None, 'translate mode: input file, one sentence per line (stdin if omitted).')
-flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omitted).')
+flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omitted); export mode: the new '
+                    'folder of the CTranslate2 model.')
 flags.DEFINE_list('beam_sizes', ['4'], 'tune_decoding mode: beam sizes to decode the validation split with.')
 flags.DEFINE_list('alphas', ['0.6', '0.8', '1.0', '1.2'], 'tune_decoding mode: length penalty exponents to try.')
 flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.distributed.initialize() before any '
@@ -100,7 +102,7 @@ def main(argv):
     jax.config.update('jax_compilation_cache_dir', os.path.expanduser(flags.FLAGS.compilation_cache_dir))
   from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.absolute_paths(config)  # config.json stores paths that work from any directory.
-  if mode in ('evaluate', 'translate', 'tune_decoding'):
+  if mode in ('evaluate', 'translate', 'tune_decoding', 'export'):
     config = experiment.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   experiment.log_backend(config)
@@ -118,6 +120,9 @@ def main(argv):
   elif mode == 'tune_decoding':
     from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
     tune_decoding.tune_decoding(config, workdir, *_decoding_grid())  # It checks the range first.
+  elif mode == 'export':
+    from transformer_jax import export  # pylint: disable=g-import-not-at-top
+    export.export_run(config, workdir, flags.FLAGS.output)
   elif mode == 'compile':
     from transformer_jax import aot  # pylint: disable=g-import-not-at-top
     aot.compile_only(config, workdir)

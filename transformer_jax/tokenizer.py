@@ -91,6 +91,10 @@ class Tokenizer:
     """The number of ids, special ids and byte pieces included."""
     return self._processor.get_piece_size()
 
+  def pieces(self) -> list[str]:
+    """Every piece, in id order (what an exported model's vocabulary lists)."""
+    return [self._processor.id_to_piece(i) for i in range(self.vocab_size)]
+
   def encode(self, texts: list[str], bpe_dropout_rate: float = 0.0) -> list[list[int]]:
     """Encodes sentences into ids, without BOS or EOS.
 
