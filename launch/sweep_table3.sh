@@ -38,7 +38,8 @@ while [[ $# -gt 0 ]]; do
     --table=*) table=${1#*=} ;;
     --workdir-root=*) workdir_root=${1#*=} ;;
     --) shift; extra=("$@"); break ;;
-    -*) echo "unknown option $1" >&2; exit 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "unknown option $1 (--help lists them)" >&2; exit 2 ;;
     *) rows+=("$1") ;;
   esac
   shift

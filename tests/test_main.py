@@ -92,3 +92,12 @@ def test_relative_paths_are_stored_absolute(tmp_path, monkeypatch):
   assert config.data.manual_dir == f'{tmp_path}/data/multi30k'
   assert config.data.train_files == f'{tmp_path}/a.en,{tmp_path.parent}/b.de'
   assert config.data.tfds_data_dir == 'gs://bucket/tfds' and config.data.eval_files == ''
+
+
+def test_report_and_sweep_help_exit_zero(tmp_path):
+  report = subprocess.run([sys.executable, '-m', 'transformer_jax.report', '--help'], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+  assert report.returncode == 0 and '--rows' in report.stdout, report.stderr[-2000:]
+  sweep = subprocess.run([str(REPO_ROOT / 'launch' / 'sweep_table3.sh'), '--help'], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=False)
+  assert sweep.returncode == 0 and '--dry-run' in sweep.stdout, sweep.stderr

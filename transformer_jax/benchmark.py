@@ -62,7 +62,11 @@ def run(config) -> dict[str, float]:
   state_sharding = jax.tree.map(lambda x: x.sharding, abstract_state)
   step_fn, _ = train.jit_steps(setup, state_sharding)
   # Compiled on the abstract state first: nothing is allocated until a batch that fits is found.
+  print(f'benchmark: compiling the train step for [{requested}, {bench.source_length} + {bench.target_length}]...',
+        flush=True)
   batch_size, compiled, compile_time = _fitting_step(setup, step_fn, abstract_state, requested)
+  print(f'benchmark: compiled in {compile_time:.1f} s; timing {bench.num_steps} steps, then beam search...',
+        flush=True)
   host_batch = synthetic_batch(cfg, batch_size, bench.source_length, bench.target_length)
   batch_sharding = sharding.batch_sharding(mesh)
   batch = {k: jax.device_put(v, batch_sharding) for k, v in host_batch.items()}

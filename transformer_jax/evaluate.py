@@ -341,14 +341,20 @@ def translate_file(config, workdir: str, input_path: str | None, output_path: st
     lines = [line.removesuffix('\r') for line in (lines[:-1] if lines[-1] == '' else lines)]
   setup = experiment.setup(config, workdir)
   try:
-    params, _ = load_params(setup)
+    params, steps = load_params(setup)
+    unfinished = setup.checkpoints.latest_step() != config.train.num_train_steps
   finally:
     setup.close()
+  start = time.perf_counter()
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     hypotheses = translate_ids(setup, params, input_pipeline.encode(setup.tokenizer, lines))
+  seconds = time.perf_counter() - start
   hypotheses = [h if line.strip() else '' for line, h in zip(lines, hypotheses)]
   text = ''.join(h + '\n' for h in hypotheses)
   if output_path:
     epath.Path(output_path).write_text(text, encoding='utf-8')
   else:
     sys.stdout.write(text)
+  logging.info('Translated %d lines to %s in %.1f s, compilation included, with checkpoint steps %s%s.', len(lines),
+               output_path or 'stdout', seconds, steps,
+               f' of an unfinished run (train.num_train_steps={config.train.num_train_steps})' if unfinished else '')

@@ -221,4 +221,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == '__main__':
+  if {'--help', '-h', '--helpshort'} & set(sys.argv[1:]):  # absl's --help exits with status 1.
+    print(__doc__)
+    print(flags.FLAGS.module_help(sys.modules[__name__]))
+    sys.exit(0)
   app.run(main)

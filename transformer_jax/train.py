@@ -49,6 +49,7 @@ from transformer_jax.experiment import TrainState
 Array = jax.Array
 Batch = dict[str, Array]
 _SUM_KEYS = ('loss_sum', 'nll_sum', 'correct_sum', 'token_count')
+_FIRST_REPORT_AFTER = 10  # Steps of a (re)started loop before its first progress line, then every log_every_steps.
 
 
 def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
@@ -376,6 +377,7 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
   Each stage's wall time goes to `timeline` (input, compile, evaluation, checkpoint; the rest is training steps).
   """
   cfg = setup.config.train
+  first_step = int(state.step)
   logging.info('Training steps %d to %d. Progress lines: loss = the label-smoothed cross-entropy that is '
                'optimised (train.label_smoothing=%g), nll = the plain cross-entropy per target token (of the '
                'sampled segmentations with data.bpe_dropout_rate > 0: finer, so not comparable with validation), acc = '
@@ -398,7 +400,7 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
     last, stopping = step == cfg.num_train_steps, stop.requested(step)
     if last or stopping or step % cfg.checkpoint_every_steps == 0:
       progress.check_pending()  # With on_nonfinite='stop', a skipped step's state is never saved.
-    if last or step % cfg.log_every_steps == 0:
+    if last or step % cfg.log_every_steps == 0 or step == first_step + _FIRST_REPORT_AFTER:
       progress.report(step)
     start = time.perf_counter()
     with timeline.stage('evaluation'):

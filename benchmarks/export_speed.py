@@ -1,0 +1,71 @@
+"""Our beam search against CTranslate2 exports of the same checkpoint: sentences/s and the three BLEUs.
+
+  python benchmarks/export_speed.py --workdir=runs/multi30k [--split=test] [--threads=1,2]
+
+Decodes the split with our beam search (the run's decode.beam_size and decode.alpha; twice: the first call
+includes compilation), then exports the parameters `eval.checkpoint_selection` chooses to CTranslate2 in
+float32 and int8 (into <workdir>/export_speed/, replaced) and decodes the same sources with each, beam
+decode.beam_size, CTranslate2's default length penalty (1.0: log-probability / length), on each thread count.
+Prints one JSON line per row; run it alone on the machine.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+import ctranslate2
+import sentencepiece
+
+from transformer_jax import bleu
+from transformer_jax import evaluate
+from transformer_jax import experiment
+from transformer_jax import export
+from transformer_jax import workdir as workdir_lib
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--workdir', required=True)
+  parser.add_argument('--split', default='test', choices=['test', 'validation'])
+  parser.add_argument('--threads', default='1,2')
+  args = parser.parse_args()
+  config = workdir_lib.get_config(args.workdir)
+  setup = experiment.setup(config, args.workdir)
+  lang = config.data.target_lang
+  try:
+    params, steps = evaluate.load_params(setup)
+    split = experiment.encode_split(setup, config.data.test_split if args.split == 'test' else config.data.eval_split)
+    for label in ('ours (compilation included)', 'ours'):
+      hypotheses, scores, seconds = evaluate.translate_split(setup, params, split)
+      report(label, len(hypotheses), seconds, scores, config.decode.alpha, steps)
+  finally:
+    setup.close()
+  root = os.path.join(args.workdir, 'export_speed')
+  shutil.rmtree(root, ignore_errors=True)
+  vocabulary = workdir_lib.path(args.workdir, workdir_lib.vocabulary_file(config.data.vocab_size))
+  processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
+  sources = [processor.encode(line, out_type=str) for line in split.source_texts]
+  for quantization in ('float32', 'int8'):
+    output = export.export_ctranslate2(params, setup.model.cfg, vocabulary, os.path.join(root, quantization),
+                                       quantization)
+    for threads in (int(t) for t in args.threads.split(',')):
+      translator = ctranslate2.Translator(output, device='cpu', inter_threads=1, intra_threads=threads)
+      start = time.perf_counter()
+      results = translator.translate_batch(sources, beam_size=config.decode.beam_size, max_batch_size=64)
+      seconds = time.perf_counter() - start
+      hypotheses = [processor.decode(r.hypotheses[0]) for r in results]
+      report(f'CTranslate2 {quantization}, {threads} thread(s)', len(hypotheses), seconds,
+             bleu.all_bleu(hypotheses, split.target_texts, lang), None, steps)
+
+
+def report(label: str, count: int, seconds: float, scores: dict, alpha, steps) -> None:
+  print(json.dumps({'decoder': label, 'sentences': count, 'seconds': round(seconds, 2),
+                    'sentences_per_sec': round(count / seconds, 2), 'alpha': alpha, 'checkpoint_steps': steps,
+                    **{key: round(scores[key], 2) for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu',
+                                                             'length_ratio')}}), flush=True)
+
+
+if __name__ == '__main__':
+  sys.exit(main())
