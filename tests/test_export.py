@@ -1,6 +1,5 @@
 """--mode=export to CTranslate2: the exported model scores and translates as ours does (issue #31)."""
 import json
-import re
 
 import jax
 import jax.numpy as jnp

@@ -61,9 +61,9 @@ def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[st
   """
   setup = experiment.compute_setup(config, workdir)  # Compile mode reads and writes nothing.
   abstract_state = setup.abstract_state()
-  shape = memory.largest_batch_shape(config.data, setup.data_shards * config.train.grad_accum_steps)
+  shape = memory.largest_batch_shape(config.data, setup.rows_multiple)
   batch = memory.abstract_batch(config.data, shape, sharding.batch_sharding(setup.mesh))
-  state_sharding = jax.tree.map(lambda x: x.sharding, abstract_state)
+  state_sharding = sharding.shardings_of(abstract_state)
   train_fn, _ = train.jit_steps(setup, state_sharding)
   start = time.perf_counter()
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):

@@ -59,7 +59,7 @@ def run(config) -> dict[str, float]:
   bench = config.benchmark
   requested = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   abstract_state = setup.abstract_state()
-  state_sharding = jax.tree.map(lambda x: x.sharding, abstract_state)
+  state_sharding = sharding.shardings_of(abstract_state)
   step_fn, _ = train.jit_steps(setup, state_sharding)
   # Compiled on the abstract state first: nothing is allocated until a batch that fits is found.
   print(f'benchmark: compiling the train step for [{requested}, {bench.source_length} + {bench.target_length}]...',
@@ -106,8 +106,8 @@ def _fitting_step(setup, step_fn, abstract_state, batch_size: int):
   Raises:
     memory.DoesNotFitError: if even the smallest batch (one row per data shard) does not fit.
   """
-  config, bench = setup.config, setup.config.benchmark
-  num_shards = setup.data_shards * config.train.grad_accum_steps
+  bench = setup.config.benchmark
+  num_shards = setup.rows_multiple
   requested = batch_size = input_pipeline.padded_rows(batch_size, num_shards)
   batch_sharding = sharding.batch_sharding(setup.mesh)
   while True:

@@ -317,7 +317,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
   output_dir = new_evaluation_dir(workdir)
   try:
     eval_split = experiment.encode_split(setup, data_cfg.eval_split)
-    eval_fn = jit_eval_step(setup, jax.tree.map(lambda x: x.sharding, setup.abstract_state().params))
+    eval_fn = jit_eval_step(setup, sharding.shardings_of(setup.abstract_state().params))
     batches = experiment.make_eval_batches(setup, eval_split.source_ids, eval_split.target_ids)
     results = final_evaluation(setup, eval_fn, batches, eval_split=eval_split, output_dir=output_dir)
   finally:

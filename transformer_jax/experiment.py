@@ -8,7 +8,6 @@ that `Setup.abstract_state` can describe a checkpoint without initialising one.
 import dataclasses
 import functools
 import hashlib
-import json
 import math
 from typing import Any, NamedTuple
 
@@ -277,6 +276,11 @@ class Setup:
   def data_shards(self) -> int:
     """Devices a batch's rows are split over (mesh.data x mesh.fsdp): batch rows must divide by it."""
     return self.mesh.shape['data'] * self.mesh.shape['fsdp']
+
+  @property
+  def rows_multiple(self) -> int:
+    """What a global batch's rows are padded to a multiple of: data shards x train.grad_accum_steps."""
+    return self.data_shards * self.config.train.grad_accum_steps
 
   def abstract_state(self):
     """ShapeDtypeStructs with shardings of the TrainState (for restoring without initialising)."""

@@ -23,6 +23,7 @@ What maps onto what (CTranslate2's `TransformerSpec`):
     from `<s>` (BOS, id 1).
 Fields CTranslate2's encoder-decoder cannot represent are refused before anything is written (`check_exportable`).
 """
+import importlib.util
 import json
 import shutil
 
@@ -164,10 +165,8 @@ def export_ctranslate2(params: dict, cfg: model_lib.ModelConfig, vocabulary_file
   output = epath.Path(output_dir)
   if output.exists() and (not output.is_dir() or any(output.iterdir())):
     raise ValueError(f'--output={output_dir} exists and is not an empty folder: choose a new one.')
-  try:
-    import ctranslate2  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError as e:
-    raise ImportError("--mode=export needs CTranslate2: pip install -e '.[ctranslate2]'") from e
+  if importlib.util.find_spec('ctranslate2') is None:
+    raise ImportError("--mode=export needs CTranslate2: pip install -e '.[ctranslate2]'")
   spec = build_spec(jax.device_get(params), cfg, tokenizer_lib.Tokenizer.load(vocabulary_file).pieces())
   spec.validate()
   spec.optimize(quantization=quantization)

@@ -28,7 +28,6 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import tfds_downloads
 
 MODES = ('train', 'evaluate', 'translate', 'tune_decoding', 'summary', 'benchmark', 'compile', 'config',
          'export')

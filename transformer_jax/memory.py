@@ -160,11 +160,11 @@ def check_train_step(setup, jit_steps: Callable[..., tuple[Any, Any]],
     DoesNotFitError: naming the batch fields to lower.
   """
   abstract_state = setup.abstract_state()
-  train_fn, _ = jit_steps(setup, jax.tree.map(lambda x: x.sharding, abstract_state))
+  train_fn, _ = jit_steps(setup, sharding.shardings_of(abstract_state))
   if shapes:
     shape = max(shapes, key=lambda shape: (shape[1], shape[0]))
   else:
-    shape = largest_batch_shape(setup.config.data, setup.data_shards * setup.config.train.grad_accum_steps)
+    shape = largest_batch_shape(setup.config.data, setup.rows_multiple)
   batch = abstract_batch(setup.config.data, shape, sharding.batch_sharding(setup.mesh))
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     compiled = train_fn.lower(abstract_state, batch).compile()

@@ -193,3 +193,9 @@ def describe(abstract_tree, shardings) -> str:
     lines.append(f'{jax.tree_util.keystr(path)}  {shape}  {leaf_sharding.spec}  '
                  f'per device {leaf_sharding.shard_shape(shape)}')
   return '\n'.join(lines)
+
+
+def shardings_of(tree: Any) -> Any:
+  """The tree of `.sharding`s of a tree of arrays or ShapeDtypeStructs (e.g. `Setup.abstract_state()`'s), as
+  jit's in_shardings and out_shardings take them."""
+  return jax.tree.map(lambda x: x.sharding, tree)

@@ -12,7 +12,7 @@ Partial downloads are never taken for complete ones: TFDS writes each download i
 beside its final path and moves it there only once its size and SHA-256 match the registered ones, so the next
 run downloads again (tests/test_tfds_downloads.py checks this with injected failures).
 
-This module imports TFDS only inside `fail_fast`, so that `main` can name `DownloadError` cheaply.
+This module imports TFDS only inside `fail_fast`; `main` prints a `DownloadError` as its message alone.
 """
 from collections.abc import Iterator
 import contextlib

@@ -131,8 +131,7 @@ def jit_steps(setup: Setup, state_sharding):
 
   Args:
     setup: the Setup (mesh, model, optimiser, train.label_smoothing, train.grad_accum_steps).
-    state_sharding: the TrainState's tree of NamedShardings (`jax.tree.map(lambda x: x.sharding,
-      setup.abstract_state())`).
+    state_sharding: the TrainState's tree of NamedShardings (`sharding.shardings_of(setup.abstract_state())`).
 
   Returns:
     (train_fn(state, batch) -> (state, metrics), which donates the state it is given;
@@ -338,7 +337,7 @@ def _load_data(setup: Setup) -> _Data:
   train_iter = input_pipeline.TrainIterator.from_config(
       data_cfg, input_pipeline.encode(setup.tokenizer, train_source),
       input_pipeline.encode(setup.tokenizer, train_target),
-      pad_rows_to=setup.data_shards * setup.config.train.grad_accum_steps, process_index=jax.process_index(),
+      pad_rows_to=setup.rows_multiple, process_index=jax.process_index(),
       process_count=jax.process_count(), resegment=_bpe_dropout(setup, train_source, train_target))
   num_train = len(train_source)
   del train_source, train_target
@@ -354,7 +353,7 @@ def _load_data(setup: Setup) -> _Data:
 def _restore_or_init(setup: Setup, data: _Data) -> tuple[TrainState, Any]:
   """The newest readable checkpoint's state (and iterator position), else a new state; and its shardings."""
   abstract = setup.abstract_state()
-  state_sharding = jax.tree.map(lambda x: x.sharding, abstract)
+  state_sharding = sharding.shardings_of(abstract)
   newest = setup.checkpoints.latest_step()
   restored = setup.checkpoints.restore_latest(abstract)
   if restored is None:
