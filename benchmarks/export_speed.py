@@ -5,7 +5,8 @@
 Decodes the split with our beam search (the run's decode.beam_size and decode.alpha; twice: the first call
 includes compilation), then exports the parameters `eval.checkpoint_selection` chooses to CTranslate2 in
 float32 and int8 (into <workdir>/export_speed/, replaced) and decodes the same sources with each, beam
-decode.beam_size, CTranslate2's default length penalty (1.0: log-probability / length), on each thread count.
+decode.beam_size, CTranslate2's default length penalty (1.0: log-probability / length) and at most the longest
+source + decode.extra_length tokens, on each thread count.
 Prints one JSON line per row; run it alone on the machine.
 """
 import argparse
@@ -30,7 +31,11 @@ def main() -> None:
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--split', default='test', choices=['test', 'validation'])
   parser.add_argument('--threads', default='1,2')
+  parser.add_argument('--no_length_penalty', action='store_true',
+                      help='alpha 0 for ours and length_penalty 0 (with min_decoding_length 0) for CTranslate2: the '
+                           'two searches then score hypotheses alike')
   args = parser.parse_args()
+  alpha = 0.0 if args.no_length_penalty else None  # None: the run's decode.alpha.
   config = workdir_lib.get_config(args.workdir)
   setup = experiment.setup(config, args.workdir)
   lang = config.data.target_lang
@@ -38,8 +43,8 @@ def main() -> None:
     params, steps = evaluate.load_params(setup)
     split = experiment.encode_split(setup, config.data.test_split if args.split == 'test' else config.data.eval_split)
     for label in ('ours (compilation included)', 'ours'):
-      hypotheses, scores, seconds = evaluate.translate_split(setup, params, split)
-      report(label, len(hypotheses), seconds, scores, config.decode.alpha, steps)
+      hypotheses, scores, seconds = evaluate.translate_split(setup, params, split, alpha=alpha)
+      report(label, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha, steps)
   finally:
     setup.close()
   root = os.path.join(args.workdir, 'export_speed')
@@ -47,17 +52,20 @@ def main() -> None:
   vocabulary = workdir_lib.path(args.workdir, workdir_lib.vocabulary_file(config.data.vocab_size))
   processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
   sources = [processor.encode(line, out_type=str) for line in split.source_texts]
+  max_length = max(map(len, sources)) + 1 + config.decode.extra_length  # Ours: source tokens, EOS, + extra_length.
   for quantization in ('float32', 'int8'):
     output = export.export_ctranslate2(params, setup.model.cfg, vocabulary, os.path.join(root, quantization),
                                        quantization)
     for threads in (int(t) for t in args.threads.split(',')):
       translator = ctranslate2.Translator(output, device='cpu', inter_threads=1, intra_threads=threads)
       start = time.perf_counter()
-      results = translator.translate_batch(sources, beam_size=config.decode.beam_size, max_batch_size=64)
+      penalty = dict(length_penalty=0.0, min_decoding_length=0) if args.no_length_penalty else {}
+      results = translator.translate_batch(sources, beam_size=config.decode.beam_size, max_batch_size=64,
+                                           max_decoding_length=max_length, **penalty)
       seconds = time.perf_counter() - start
       hypotheses = [processor.decode(r.hypotheses[0]) for r in results]
       report(f'CTranslate2 {quantization}, {threads} thread(s)', len(hypotheses), seconds,
-             bleu.all_bleu(hypotheses, split.target_texts, lang), None, steps)
+             bleu.all_bleu(hypotheses, split.target_texts, lang), alpha, steps)
 
 
 def report(label: str, count: int, seconds: float, scores: dict, alpha, steps) -> None:

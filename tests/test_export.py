@@ -155,7 +155,8 @@ def test_int8_export_writes_the_serving_files(trained, tmp_path):
   assert {'model.bin', 'config.json', 'shared_vocabulary.json', 'sentencepiece.model',
           'transformer_jax.json'} <= {p.name for p in int8.iterdir()}
   assert json.loads((int8 / 'transformer_jax.json').read_text())['quantization'] == 'int8'
-  assert (int8 / 'model.bin').stat().st_size < 0.5 * (output / 'model.bin').stat().st_size
+  # int8 kernels: a quarter of float32's bytes; the float32 sinusoid table (1,024 x 32) is not quantised.
+  assert (int8 / 'model.bin').stat().st_size < 0.7 * (output / 'model.bin').stat().st_size
   with pytest.raises(ValueError, match=r'--output=.* exists and is not an empty folder'):
     export.export_ctranslate2(params, model.cfg, str(output / 'sentencepiece.model'), str(int8))
 

@@ -588,3 +588,27 @@ def test_flipped_bytes_in_a_checkpoint_are_caught_by_its_checksums(tmp_path, cor
                    log), log
   assert f'Moved unusable checkpoint step {NUM_STEPS}' in log
   assert checkpoint_steps(workdir)[-1] == NUM_STEPS + 2  # Resumed from the previous step and trained on.
+
+
+def test_truncated_gzip_empty_training_and_validation_files_name_the_cause(monkeypatch, tmp_path):
+  # Issue #32, 5: an EOFError with no file name; SentencePiece's `!sentences_.empty()`; an IndexError after the
+  # vocabulary and config.json were written.
+  import gzip  # pylint: disable=g-import-not-at-top
+  from transformer_jax import multi30k  # pylint: disable=g-import-not-at-top
+  cut = tmp_path / 'cut.en.gz'
+  cut.write_bytes(gzip.compress(b'a man\n' * 1000)[:-30])
+  with pytest.raises(ValueError, match=rf'{re.escape(str(cut))} is not a complete gzip file'):
+    multi30k.read_lines(cut)
+  folder = tmp_path / 'corpus'
+  files = write_corpus(folder)
+  for lang in ('en', 'de'):
+    write_lines(folder / f'train.{lang}', [''] * 5)
+  with pytest.raises(ValueError, match=r"The 'train' split has no non-empty line to train the vocabulary on "
+                                       r'\(data\.train_files='):
+    run_main(monkeypatch, tmp_path / 'run', config_flags(files))
+  files = write_corpus(folder)
+  for lang in ('en', 'de'):
+    write_lines(folder / f'val.{lang}', [])
+  with pytest.raises(ValueError, match=r"The validation split 'validation' has no non-empty pair \(data\.eval_files="):
+    run_main(monkeypatch, tmp_path / 'run2', config_flags(files))
+  assert not (tmp_path / 'run2' / workdir_lib.CONFIG).exists()

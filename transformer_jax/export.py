@@ -12,8 +12,8 @@ translate with it.
 
 What maps onto what (CTranslate2's `TransformerSpec`):
   - embeddings: the one shared table (§3.4) as the source and target embeddings and the output projection, scaled
-    by sqrt(d_model) (`model.scale_embeddings`); the sinusoidal table (§3.5) is passed explicitly, [max_length,
-    d_model] in our sin/cos interleaving, or the learned table (Table 3 row E);
+    by sqrt(d_model) (`model.scale_embeddings`); the sinusoidal table (§3.5) is passed explicitly, 1,024
+    positions in our sin/cos interleaving, or the learned table (Table 3 row E);
   - attention: W^Q, W^K, W^V [d_model, heads, d_k] as CTranslate2's [heads * d_k, d_model] kernels, fused Q|K|V
     in self-attention and K|V in encoder-decoder attention, W^O [heads, d_v, d_model] as [d_model, heads * d_v];
     no biases (the paper's projections have none);
@@ -38,6 +38,9 @@ from transformer_jax import workdir as workdir_lib
 
 QUANTIZATIONS = ('int8', 'int8_float32', 'float32', 'bfloat16')
 LAYER_NORM_EPSILON = 1e-6  # layers.make_norm's.
+# Rows of the exported sinusoid table: CTranslate2 decodes no position beyond it (its default maximum output is
+# 256 tokens; ours, the source length + decode.extra_length).
+SINUSOID_POSITIONS = 1024
 
 
 def check_exportable(cfg: model_lib.ModelConfig) -> None:
@@ -92,10 +95,12 @@ def _set_attention(spec, residual: dict, attention: dict, self_attention: bool) 
 
 
 def _position_table(cfg: model_lib.ModelConfig, params: dict) -> np.ndarray:
-  """[max_length, d_model] float32: our sinusoids (§3.5) or the learned table."""
+  """[positions, d_model] float32: our sinusoids (§3.5) for SINUSOID_POSITIONS positions, or the learned table
+  (model.max_length rows: CTranslate2 then refuses to decode further, as our decoding does)."""
   if cfg.position_embedding == 'learned':
     return np.array(params['encoder']['embedder']['position']['position_embedding'], np.float32)
-  return np.array(layers.sinusoidal_position_encoding(jax.numpy.arange(cfg.max_length), cfg.d_model), np.float32)
+  positions = max(cfg.max_length, SINUSOID_POSITIONS)
+  return np.array(layers.sinusoidal_position_encoding(jax.numpy.arange(positions), cfg.d_model), np.float32)
 
 
 def build_spec(params: dict, cfg: model_lib.ModelConfig, pieces: list[str]):

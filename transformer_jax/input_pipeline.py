@@ -137,14 +137,28 @@ def _text_files(data_config: Any, split: str) -> list[str]:
   raise ValueError(f"Split {split!r} is none of the train, eval and test splits of dataset 'text'.")
 
 
+def split_source(data_config: Any, split: str) -> str:
+  """Where a split comes from, for messages: its data.*_files for dataset='text', else the dataset's name."""
+  if data_config.dataset != 'text':
+    return f'data.dataset={data_config.dataset}'
+  key = {data_config.train_split: 'train_files', data_config.eval_split: 'eval_files'}.get(split, 'test_files')
+  return f'data.{key}={data_config[key]}'
+
+
 def get_tokenizer(data_config: Any, workdir: str, process_index: int = 0) -> tokenizer_lib.Tokenizer:
   """The shared vocabulary (Sec. 5.1) in workdir, trained on the train split's sources and targets if missing.
 
   After training it logs how many validation target lines (data.eval_split) the vocabulary's normalisation
   changes (encode -> decode != line; `tokenizer.round_trip`): BLEU scores the raw references.
+
+  Raises:
+    ValueError: naming the split, when it has no non-empty line to train a vocabulary on.
   """
   def sentences():
     source, target = load_split(data_config, data_config.train_split)
+    if not any(line.strip() for line in itertools.chain(source, target)):
+      raise ValueError(f'The {data_config.train_split!r} split has no non-empty line to train the vocabulary on '
+                       f'({split_source(data_config, data_config.train_split)}).')
     return itertools.chain(source, target)
   return tokenizer_lib.train_or_load(
       workdir, sentences, data_config.vocab_size, model_type=data_config.tokenizer_model_type,

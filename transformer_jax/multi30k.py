@@ -30,6 +30,7 @@ import gzip
 import hashlib
 import logging
 import os
+import zlib
 
 from etils import epath
 import tensorflow_datasets as tfds
@@ -65,12 +66,17 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
 
   Raises:
     FileNotFoundError: if the file does not exist (the message names the path).
-    ValueError: if the file is not valid UTF-8, naming the file and the 1-based line number.
+    ValueError: if the file is not valid UTF-8, naming the file and the 1-based line number, or a gzip file is
+      truncated or damaged, naming the file.
   """
   path = epath.Path(path)
   data = path.read_bytes()
   if data[:2] == _GZIP_MAGIC:
-    data = gzip.decompress(data)
+    try:
+      data = gzip.decompress(data)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+      raise ValueError(f'{path} is not a complete gzip file ({e}): it was cut short or damaged; copy or '
+                       'download it again.') from None
   try:
     text = data.decode('utf-8')
   except UnicodeDecodeError as e:

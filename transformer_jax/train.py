@@ -342,6 +342,9 @@ def _load_data(setup: Setup) -> _Data:
   num_train = len(train_source)
   del train_source, train_target
   eval_split = experiment.encode_split(setup, data_cfg.eval_split)
+  if not any(eval_split.target_texts):
+    raise ValueError(f'The validation split {data_cfg.eval_split!r} has no non-empty pair '
+                     f'({input_pipeline.split_source(data_cfg, data_cfg.eval_split)}): nothing to validate on.')
   test = experiment.encode_split(setup, data_cfg.test_split) if setup.config.train.translate_at_end else None
   logging.info('Data: %d training pairs (%s), %d validation (%s)%s, read and tokenised in %.1f s.', num_train,
                data_cfg.train_split, len(eval_split.source_texts), data_cfg.eval_split,
