@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
       dtype='float32',                # Compute dtype; 'bfloat16' on accelerators. Params stay float32.
       attention_impl='xla',           # 'xla' (einsum) or 'fused' (jax.nn.dot_product_attention).
       remat=False,                    # Rematerialise each layer in the backward pass (memory for big).
-      # Later variants, not in the paper (Table 3 rows M*, configs/table3.py); the defaults are the paper's.
+      # Later variants, not in the paper (Table 3 rows F1-F8, configs/table3.py); the defaults are the paper's.
       norm='layer_norm',              # 'rms_norm': RMSNorm, no bias or mean subtraction (Zhang & Sennrich, 2019).
       feed_forward='relu',            # §3.3 ReLU; 'gelu'; gated 'swiglu' / 'geglu' (Shazeer, 2020).
       num_kv_heads=ml_collections.config_dict.placeholder(int),  # None: num_heads; 1: multi-query; else grouped.

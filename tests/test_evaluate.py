@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from transformer_jax import decoding
-from transformer_jax import evaluate
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import tokenizer as tokenizer_lib
@@ -139,9 +138,3 @@ def test_translate_keeps_every_line_in_order_with_blank_lines(multi30k_dir, tmp_
                                       max_length=16, bucket_lengths=(4, 8, 16))
   assert translation.translate(params, alone, tokenizer, 1, model=model, beam_size=2, alpha=0.6,
                                extra_length=3) == [outputs[2]]
-
-
-def test_summarize_metrics_divides_sums_once():
-  sums = {'loss_sum': 6.0, 'nll_sum': 4.0, 'correct_sum': 3.0, 'token_count': 4.0}
-  metrics = evaluate.summarize_metrics(sums)
-  assert metrics == pytest.approx({'loss': 1.5, 'nll': 1.0, 'perplexity': np.e, 'accuracy': 0.75})

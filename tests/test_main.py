@@ -101,3 +101,10 @@ def test_report_and_sweep_help_exit_zero(tmp_path):
   sweep = subprocess.run([str(REPO_ROOT / 'launch' / 'sweep_table3.sh'), '--help'], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60, check=False)
   assert sweep.returncode == 0 and '--dry-run' in sweep.stdout, sweep.stderr
+
+
+def test_a_mode_that_needs_a_workdir_says_so_in_one_line(tmp_path):
+  process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=compile', cwd=tmp_path)
+  assert process.returncode == 1
+  assert process.stderr.strip().splitlines() == [
+      "--workdir is required for --mode=compile (the run's folder; --help for usage)"]

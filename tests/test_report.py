@@ -41,6 +41,7 @@ def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
   fake_run(tmp_path / 'C1', 'C1', finished(12.0))
   fake_run(tmp_path / 'D1', 'D1', finished(10.0))
   fake_run(tmp_path / 'B1', 'B1')                    # Still training (or killed): no final metrics.
+  (tmp_path / 'B1' / 'checkpoints' / '185').mkdir(parents=True)  # Trained 185 steps so far.
   fake_run(tmp_path / 'B2', 'B2', exit_status=1)     # The sweep saw it fail.
   (tmp_path / 'scratch').mkdir()                     # Not a row: listed after the rows.
   text = report.write_report(tmp_path, ROWS_FILE)
@@ -51,6 +52,7 @@ def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
   assert records['base']['train_minutes'] == pytest.approx(2.0) and records['base']['train_steps'] == 600
   assert records['A1']['num_heads'] == 1 and records['A1']['d_k'] == 256  # From the run's config.json.
   assert records['B1']['status'] == 'unfinished' and records['B1']['dev_perplexity'] is None
+  assert records['B1']['train_steps'] == 185  # What it trained, not its config's goal.
   assert records['B2']['status'] == 'failed (exit 1)'
   assert records['C2']['status'] == 'not run'
   assert records['C1']['paper_ppl_dev'] == 6.11 and records['base']['paper_params_millions'] == 65

@@ -24,6 +24,7 @@ from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
 from transformer_jax import losses
+from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import multi30k
 from transformer_jax import sharding
@@ -35,14 +36,6 @@ Array = jax.Array
 Batch = dict[str, Array]
 
 
-def summarize_metrics(sums: dict[str, float]) -> dict[str, float]:
-  """Turns summed metrics into means: loss (label-smoothed, what is optimised), nll, perplexity, accuracy."""
-  count = max(float(sums['token_count']), 1.0)
-  nll = float(sums['nll_sum']) / count
-  return {'loss': float(sums['loss_sum']) / count, 'nll': nll, 'perplexity': math.exp(min(nll, 50.0)),
-          'accuracy': float(sums['correct_sum']) / count}
-
-
 def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
   """Teacher-forced metrics over all batches, summed before dividing (padding rows weigh 0).
 
@@ -52,7 +45,7 @@ def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
     batches: batches of global (or host-local, single-process) arrays; `example_index` is dropped.
 
   Returns:
-    `summarize_metrics` of the summed metrics.
+    `metrics.summarize` of the summed metrics.
 
   Raises:
     ValueError: if there are no batches.
@@ -64,15 +57,7 @@ def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   if totals is None:
     raise ValueError('evaluation got no batches')
-  return summarize_metrics(jax.device_get(totals))
-
-
-def write_scalars(writer, step: int, scalars: dict[str, float], prefix: str) -> None:
-  """Writes each scalar as TensorBoard tag `<prefix>/<key>` at `step` and flushes; nothing when writer is None."""
-  if writer is not None:
-    for key, value in scalars.items():
-      writer.add_scalar(f'{prefix}/{key}', value, step)
-    writer.flush()
+  return metrics_lib.summarize(jax.device_get(totals))
 
 
 def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
@@ -230,7 +215,7 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
   output_dir = output_dir or setup.workdir
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     results = validate(setup, eval_fn, params, eval_batches, steps[-1])
-    write_scalars(writer, steps[-1], results, 'eval_averaged')
+    metrics_lib.write_scalars(writer, steps[-1], results, 'eval_averaged')
     if not setup.config.train.translate_at_end:
       _write_final_metrics(setup, output_dir, results, steps, params, run_info)
       return results
@@ -245,7 +230,7 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
   path = _write_hypotheses(setup, output_dir, data_cfg.test_split, hypotheses)
   results |= {key: scores[key] for key in SCORES}
   results['decode_sentences_per_sec'] = len(hypotheses) / seconds
-  write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
+  metrics_lib.write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
   _write_final_metrics(setup, output_dir, results, steps, params, run_info)
   logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(hypotheses), seconds,
                len(hypotheses) / seconds, path)

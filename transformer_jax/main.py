@@ -74,7 +74,8 @@ def main(argv):
   """Runs --mode on --config (see the module docstring).
 
   Raises:
-    app.UsageError: for positional arguments, or a mode that needs --workdir without one.
+    app.UsageError: for positional arguments.
+    SystemExit: naming the flag, for a mode that needs --workdir without one.
   """
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
@@ -94,7 +95,7 @@ def main(argv):
     benchmark.run(config)
     return
   if workdir is None:
-    raise app.UsageError(f'--workdir is required for --mode={mode}')
+    sys.exit(f'--workdir is required for --mode={mode} (the run\'s folder; --help for usage)')
   from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
   if flags.FLAGS.compilation_cache_dir:

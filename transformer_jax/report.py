@@ -95,10 +95,12 @@ def run_record(row: str, workdir: pathlib.Path, note: str, paper: dict | None) -
   record['label_smoothing'] = train.get('label_smoothing')
   metrics = _read_json(workdir / METRICS_FILE)
   sweep = _read_json(workdir / SWEEP_STATUS_FILE) or {}
-  if metrics is None:
+  if metrics is None:  # Unfinished or failed: the steps trained so far (the newest checkpoint), not the goal.
     failed = sweep.get('exit_status', 0) != 0
+    checkpoints = workdir / 'checkpoints'
+    trained = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()] if checkpoints.is_dir() else []
     return record | {'status': f'failed (exit {sweep["exit_status"]})' if failed else 'unfinished',
-                     'train_steps': train.get('num_train_steps')}
+                     'train_steps': max(trained, default=0)}
   steps = metrics.get('checkpoint_steps') or [None]
   record |= {
       'status': 'finished', 'train_steps': metrics.get('train_steps', steps[-1]),

@@ -40,6 +40,7 @@ from transformer_jax import goodput
 from transformer_jax import input_pipeline
 from transformer_jax import losses
 from transformer_jax import memory
+from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import workdir as workdir_lib
@@ -212,7 +213,7 @@ class _Progress:
     self.check_pending()
     now = time.perf_counter()
     sums = jax.device_get(self.sums)
-    summary = evaluate_lib.summarize_metrics(sums)
+    summary = metrics_lib.summarize(sums)
     seconds = max(now - self.time - self.excluded, 1e-9)  # Training steps only.
     steps_per_sec = (step - self.step) / seconds
     remaining = (self.setup.config.train.num_train_steps - step) / max(steps_per_sec, 1e-9)
@@ -228,7 +229,7 @@ class _Progress:
                  summary['loss'], summary['nll'], summary['accuracy'], summary['grad_norm'],
                  summary['learning_rate'], steps_per_sec, summary['tokens_per_sec'], 100 * summary['mfu'],
                  datetime.timedelta(seconds=int(remaining)))
-    evaluate_lib.write_scalars(self.writer, step, summary, prefix='train')
+    metrics_lib.write_scalars(self.writer, step, summary, prefix='train')
     self.sums, self.tokens, self.flops, self.time, self.step, self.excluded = (
         self._zeros(), 0, 0.0, now, step, 0.0)
 
@@ -408,10 +409,10 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
     with timeline.stage('evaluation'):
       if last or step % cfg.eval_every_steps == 0:
         eval_metrics = evaluate_lib.validate(setup, eval_fn, state.params, data.eval_batches, step)
-        evaluate_lib.write_scalars(writer, step, eval_metrics, 'eval')
+        metrics_lib.write_scalars(writer, step, eval_metrics, 'eval')
       if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
         scores = evaluate_lib.validation_bleu(setup, state.params, data.eval_split, step)
-        evaluate_lib.write_scalars(writer, step, scores, 'eval')
+        metrics_lib.write_scalars(writer, step, scores, 'eval')
         setup.best_checkpoints.save(step, {'params': state.params}, {}, force=True,
                                     metrics={'bleu': scores['bleu']})
     progress.exclude(time.perf_counter() - start)
