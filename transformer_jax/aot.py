@@ -23,7 +23,6 @@ from typing import Any
 
 from absl import logging
 from etils import epath
-import flax.linen as nn
 import jax
 import numpy as np
 
@@ -66,7 +65,7 @@ def compile_train_step(config, workdir: str | None = None) -> tuple[Any, dict[st
   state_sharding = sharding.shardings_of(abstract_state)
   train_fn, _ = train.jit_steps(setup, state_sharding)
   start = time.perf_counter()
-  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+  with setup.mesh_context():
     lowered = train_fn.lower(abstract_state, batch)
   compiled = lowered.compile()
   seconds = time.perf_counter() - start

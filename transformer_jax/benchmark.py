@@ -115,7 +115,7 @@ def _fitting_step(setup, step_fn, abstract_state, batch_size: int):
                'target_tokens': bench.target_length}
     batch = {k: jax.ShapeDtypeStruct((batch_size, n), jnp.int32, sharding=batch_sharding) for k, n in lengths.items()}
     start = time.perf_counter()
-    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    with setup.mesh_context():
       compiled = step_fn.lower(abstract_state, batch).compile()
     compile_time = time.perf_counter() - start
     ok, sentence = memory.fits(compiled, setup.mesh.devices.flat)

@@ -14,7 +14,6 @@ from typing import Any, Iterable
 
 from absl import logging
 from etils import epath
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -213,7 +212,7 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
   params, steps = load_params(setup)
   data_cfg = setup.config.data
   output_dir = output_dir or setup.workdir
-  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+  with setup.mesh_context():
     results = validate(setup, eval_fn, params, eval_batches, steps[-1])
     metrics_lib.write_scalars(writer, steps[-1], results, 'eval_averaged')
     if not setup.config.train.translate_at_end:
@@ -331,7 +330,7 @@ def translate_file(config, workdir: str, input_path: str | None, output_path: st
   finally:
     setup.close()
   start = time.perf_counter()
-  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+  with setup.mesh_context():
     hypotheses = translate_ids(setup, params, input_pipeline.encode(setup.tokenizer, lines))
   seconds = time.perf_counter() - start
   hypotheses = [h if line.strip() else '' for line, h in zip(lines, hypotheses)]

@@ -5,6 +5,7 @@ that the workdir is writable and holds no incompatible run), then loads or train
 the mesh, model, optimiser and checkpoint manager. `TrainState` and its (sharded) creation live here too, so
 that `Setup.abstract_state` can describe a checkpoint without initialising one.
 """
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -277,6 +278,12 @@ class Setup:
     """Devices a batch's rows are split over (mesh.data x mesh.fsdp): batch rows must divide by it."""
     return self.mesh.shape['data'] * self.mesh.shape['fsdp']
 
+  @contextlib.contextmanager
+  def mesh_context(self):
+    """The mesh and its logical axis rules, as every jitted step of this Setup is traced and run under."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
+
   @property
   def rows_multiple(self) -> int:
     """What a global batch's rows are padded to a multiple of: data shards x train.grad_accum_steps."""
@@ -287,7 +294,7 @@ class Setup:
     batch = {key: jnp.zeros((self.data_shards, 8), jnp.int32)
              for key in ('source_tokens', 'decoder_input_tokens', 'target_tokens')}
     init_fn = functools.partial(create_train_state, model=self.model, tx=self.tx, batch=batch)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+    with self.mesh_context():
       abstract = jax.eval_shape(init_fn, jax.random.key(0))
       shardings = sharding.logical_to_sharding(abstract, self.mesh, self.rules)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),

@@ -15,7 +15,6 @@ import os
 from typing import Any
 
 from absl import logging
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -166,7 +165,7 @@ def check_train_step(setup, jit_steps: Callable[..., tuple[Any, Any]],
   else:
     shape = largest_batch_shape(setup.config.data, setup.rows_multiple)
   batch = abstract_batch(setup.config.data, shape, sharding.batch_sharding(setup.mesh))
-  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+  with setup.mesh_context():
     compiled = train_fn.lower(abstract_state, batch).compile()
   what = f'The train step at its largest batch [{shape[0]}, {shape[1]}]'
   sentence = check_fits(compiled, what=what, fields=TRAIN_BATCH_FIELDS, devices=setup.mesh.devices.flat)

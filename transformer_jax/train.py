@@ -25,7 +25,6 @@ from typing import Any, NamedTuple
 
 from absl import logging
 from etils import epath
-import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
@@ -486,7 +485,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
     progress = _Progress(setup, writer, int(state.step), peak)
     start = time.perf_counter()
-    with (_StopRequest() as stop, jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules),
+    with (_StopRequest() as stop, setup.mesh_context(),
           timeline.loop()):
       state, stopped_at = _train_loop(setup, state, train_fn, eval_fn, data, writer, stop, progress, timeline)
     with timeline.stage('checkpoint'):

@@ -14,7 +14,6 @@ from typing import Any, Sequence
 
 from absl import logging
 from etils import epath
-import flax.linen as nn
 import jax
 
 from transformer_jax import evaluate
@@ -71,7 +70,7 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
     split = experiment.encode_split(setup, split_name)
     params, steps = evaluate.load_params(setup)
     rows = []
-    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    with setup.mesh_context():
       for beam_size in beam_sizes:
         for alpha in alphas:
           _, scores, seconds = evaluate.translate_split(setup, params, split, beam_size=beam_size, alpha=alpha)
