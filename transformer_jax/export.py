@@ -193,13 +193,15 @@ def export_run(config, workdir: str, output_dir: str | None) -> str:
   """--mode=export: the parameters `eval.checkpoint_selection` chooses, exported with `export.quantization`.
 
   Raises:
-    ValueError: without --output, or from `export_ctranslate2`.
+    ValueError: without --output, for an export.format other than 'ctranslate2', or from `export_ctranslate2`.
     FileNotFoundError: if the workdir holds no checkpoint.
   """
   from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
   if not output_dir:
     raise ValueError('--mode=export needs --output=DIR (a new folder for the CTranslate2 model)')
+  if config.export.format != 'ctranslate2':
+    raise ValueError(f"export.format must be 'ctranslate2' (the only format), got {config.export.format!r}")
   cfg = model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)
   check_exportable(cfg)  # Before anything is read.
   setup = experiment.setup(config, workdir)
