@@ -11,6 +11,7 @@ import time
 
 # The stages a run's wall time is split into, in the order the end-of-run line lists them.
 STAGES = ('train_steps', 'compile', 'input', 'evaluation', 'checkpoint', 'setup', 'final_evaluation')
+_IN_LOOP = ('compile', 'input', 'evaluation', 'checkpoint')  # Timed inside the training loop.
 
 
 class Timeline:
@@ -47,16 +48,18 @@ class Timeline:
       raise KeyError(f'unknown stage {name!r}; one of {STAGES[1:]}')
     self.seconds[name] += seconds
 
+  def in_loop_seconds(self) -> float:
+    """Seconds so far of the stages timed inside the training loop (compile, input, evaluation, checkpoint)."""
+    return sum(self.seconds[name] for name in _IN_LOOP)
+
   @contextlib.contextmanager
   def loop(self):
     """The training loop: its wall time, less the stages timed inside it, is `train_steps`."""
-    inside_before = sum(self.seconds[name] for name in ('compile', 'input', 'evaluation', 'checkpoint'))
-    start = time.perf_counter()
+    inside_before, start = self.in_loop_seconds(), time.perf_counter()
     try:
       yield
     finally:
-      inside = sum(self.seconds[name] for name in ('compile', 'input', 'evaluation', 'checkpoint')) - inside_before
-      self.seconds['train_steps'] += time.perf_counter() - start - inside
+      self.seconds['train_steps'] += time.perf_counter() - start - (self.in_loop_seconds() - inside_before)
 
   def summary(self) -> dict[str, float]:
     """{'wall_seconds', 'goodput' (train_steps / wall), '<stage>_seconds' for each stage}; the stages do not

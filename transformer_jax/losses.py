@@ -27,23 +27,36 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
     {'loss_sum', 'nll_sum', 'correct_sum', 'token_count'}: float32 scalars (sums over the batch); divide
     sums by token_count only after summing over steps and devices.
   """
-  vocab_size = logits.shape[-1]
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [batch, length, vocab]
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [batch, length]
-  confidence = 1.0 - label_smoothing
-  low_confidence = label_smoothing / (vocab_size - 1)
-  # Cross-entropy against the smoothed target, without building a [batch, length, vocab] one-hot.
-  smoothed = confidence * nll - low_confidence * (jnp.sum(log_probs, axis=-1) + nll)
-  min_entropy = _min_entropy(label_smoothing, vocab_size)
-  # The reference token is correct when no logit exceeds its own (log_probs[target] == max log_prob).
-  # A max reduction is vectorised on every backend; XLA:CPU's argmax over [tokens, vocab] is ~10x slower.
-  correct = (nll <= -jnp.max(log_probs, axis=-1)).astype(jnp.float32)
+  loss, nll, correct, _ = _token_terms(logits.astype(jnp.float32), targets, label_smoothing)
   return {
-      'loss_sum': jnp.sum((smoothed - min_entropy) * weights),
+      'loss_sum': jnp.sum(loss * weights),
       'nll_sum': jnp.sum(nll * weights),
       'correct_sum': jnp.sum(correct * weights),
       'token_count': jnp.sum(weights),
   }
+
+
+def _token_terms(logits: jax.Array, targets: jax.Array, label_smoothing: float):
+  """Per-token terms of `smoothed_cross_entropy`, float32 [..., length]: (loss, nll, correct, softmax).
+
+  loss is the cross-entropy against the smoothed target minus that target's entropy; correct is 1 where no
+  logit exceeds the target's (a tie counts); softmax is float32 [..., length, vocab] (the fused loss's gradient
+  needs it; unused, XLA drops it). No [..., vocab] one-hot is built.
+  """
+  vocab_size = logits.shape[-1]
+  shifted = logits - jnp.max(logits, axis=-1, keepdims=True)  # Its maximum is 0.
+  exp = jnp.exp(shifted)
+  sum_exp = jnp.sum(exp, axis=-1)
+  log_normaliser = jnp.log(sum_exp)
+  target_shifted = jnp.take_along_axis(shifted, targets[..., None], axis=-1)[..., 0]
+  nll = log_normaliser - target_shifted
+  sum_log_probs = jnp.sum(shifted, axis=-1) - vocab_size * log_normaliser
+  confidence = 1.0 - label_smoothing
+  low_confidence = label_smoothing / (vocab_size - 1)
+  smoothed = confidence * nll - low_confidence * (sum_log_probs + nll)
+  # A max reduction is vectorised on every backend; XLA:CPU's argmax over [tokens, vocab] is ~10x slower.
+  correct = (target_shifted >= 0.0).astype(jnp.float32)
+  return smoothed - _min_entropy(label_smoothing, vocab_size), nll, correct, exp / sum_exp[..., None]
 
 
 def target_weights(batch: dict[str, jax.Array]) -> jax.Array:
@@ -68,30 +81,6 @@ def _unchunked(x: jax.Array) -> jax.Array:
   return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-def _chunk_terms(features, embedding, targets, weights, label_smoothing):
-  """Per-chunk logits statistics in float32: (smoothed loss - min entropy, nll, correct, softmax - target).
-
-  features [batch, chunk, d_model] and embedding [vocab, d_model] in the compute dtype; targets int32 and
-  weights float32 [batch, chunk]. The last term is d loss / d logits of each token, unweighted.
-  """
-  vocab_size = embedding.shape[0]
-  logits = jnp.einsum('blm,nm->bln', features, embedding, preferred_element_type=jnp.float32)
-  shifted = logits - jnp.max(logits, axis=-1, keepdims=True)  # [batch, chunk, vocab]; its maximum is 0.
-  sum_exp = jnp.sum(jnp.exp(shifted), axis=-1)
-  log_normaliser = jnp.log(sum_exp)  # log-sum-exp of the shifted logits.
-  target_shifted = jnp.take_along_axis(shifted, targets[..., None], axis=-1)[..., 0]
-  nll = log_normaliser - target_shifted
-  sum_log_probs = jnp.sum(shifted, axis=-1) - vocab_size * log_normaliser
-  confidence = 1.0 - label_smoothing
-  low_confidence = label_smoothing / (vocab_size - 1)
-  smoothed = confidence * nll - low_confidence * (sum_log_probs + nll) - _min_entropy(label_smoothing, vocab_size)
-  correct = (target_shifted >= 0.0).astype(jnp.float32)  # The target's logit is the maximum (ties count).
-  one_hot = jnp.arange(vocab_size)[None, None, :] == targets[..., None]
-  probs = jnp.exp(shifted) / sum_exp[..., None]
-  d_logits = probs - jnp.where(one_hot, confidence, low_confidence)
-  return smoothed, nll, correct, d_logits
-
-
 def _min_entropy(label_smoothing: float, vocab_size: int) -> float:
   """The entropy of the smoothed target distribution: the smallest label-smoothed cross-entropy."""
   xlogx = lambda p: p * math.log(p) if p > 0 else 0.0
@@ -109,12 +98,16 @@ def _fused_forward(features, embedding, targets, weights, label_smoothing, chunk
   compute_embedding = embedding.astype(features.dtype)
 
   def body(d_embedding, inputs):
-    x, t, w = inputs
-    smoothed, nll, correct, d_logits = _chunk_terms(x, compute_embedding, t, w, label_smoothing)
-    sums = (jnp.sum(smoothed * w), jnp.sum(nll * w), jnp.sum(correct * w))
+    x, t, w = inputs  # [batch, chunk, d_model], [batch, chunk], [batch, chunk]
+    logits = jnp.einsum('blm,nm->bln', x, compute_embedding, preferred_element_type=jnp.float32)
+    loss, nll, correct, probs = _token_terms(logits, t, label_smoothing)
+    sums = (jnp.sum(loss * w), jnp.sum(nll * w), jnp.sum(correct * w))
     if not gradients:
       return d_embedding, sums
-    d_logits = (d_logits * w[..., None]).astype(features.dtype)
+    # d loss / d logits: softmax - smoothed target, times the token's weight.
+    confidence, low_confidence = 1.0 - label_smoothing, label_smoothing / (embedding.shape[0] - 1)
+    one_hot = jnp.arange(embedding.shape[0])[None, None, :] == t[..., None]
+    d_logits = ((probs - jnp.where(one_hot, confidence, low_confidence)) * w[..., None]).astype(features.dtype)
     d_x = jnp.einsum('bln,nm->blm', d_logits, compute_embedding, preferred_element_type=jnp.float32)
     d_embedding = d_embedding + jnp.einsum('bln,blm->nm', d_logits, x, preferred_element_type=jnp.float32)
     return d_embedding, (sums, d_x.astype(features.dtype))

@@ -160,24 +160,20 @@ def _accumulate(sums: dict[str, Array], metrics: dict[str, Array]) -> dict[str, 
 class _Progress:
   """Sums metrics on the device between reports; checks each step for non-finite values one step late.
 
-  Rates, MFU and the time left count training steps only: the seconds spent compiling, validating and saving
-  on request (`exclude`) are left out and reported apart. MFU is the model FLOPs of the batches trained
-  (`flops.train_step_flops` of their padded or packed shapes) per second, over `peak_flops`.
+  Rates, MFU and the time left count training steps only: the seconds `timeline` gives to compiling, input,
+  validation and checkpoints are left out (they are reported apart). MFU is the model FLOPs of the batches
+  trained (`flops.train_step_flops` of their padded or packed shapes) per second, over `peak_flops`.
   """
 
-  def __init__(self, setup: Setup, writer, first_step: int, peak_flops: float):
-    self.setup, self.writer, self.peak_flops = setup, writer, peak_flops
+  def __init__(self, setup: Setup, writer, first_step: int, peak_flops: float, timeline: goodput.Timeline):
+    self.setup, self.writer, self.peak_flops, self.timeline = setup, writer, peak_flops, timeline
     self.sums, self.tokens, self.flops, self.pending = self._zeros(), 0, 0.0, None
-    self.time, self.step, self.excluded = time.perf_counter(), first_step, 0.0
+    self.time, self.step, self.excluded = time.perf_counter(), first_step, timeline.in_loop_seconds()
     self.total_flops = 0.0  # Over the whole loop, for final_metrics.json.
 
   @staticmethod
   def _zeros() -> dict[str, Array]:
     return {key: jnp.zeros((), jnp.float32) for key in (*_SUM_KEYS, 'grad_norm', 'skipped_steps', 'applied_steps')}
-
-  def exclude(self, seconds: float) -> None:
-    """Leaves `seconds` (compilation, validation) out of the next report's rates."""
-    self.excluded += seconds
 
   def update(self, step: int, metrics: dict[str, Array], batch: dict[str, np.ndarray]) -> None:
     """Records step `step`'s metrics, then checks the previous step's (by now computed: no pipeline stall)."""
@@ -213,7 +209,8 @@ class _Progress:
     now = time.perf_counter()
     sums = jax.device_get(self.sums)
     summary = metrics_lib.summarize(sums)
-    seconds = max(now - self.time - self.excluded, 1e-9)  # Training steps only.
+    excluded = self.timeline.in_loop_seconds()
+    seconds = max(now - self.time - (excluded - self.excluded), 1e-9)  # Training steps only.
     steps_per_sec = (step - self.step) / seconds
     remaining = (self.setup.config.train.num_train_steps - step) / max(steps_per_sec, 1e-9)
     tokens = self.tokens  # This process's rows; every process reports at the same step, so sum them.
@@ -230,7 +227,7 @@ class _Progress:
                  datetime.timedelta(seconds=int(remaining)))
     metrics_lib.write_scalars(self.writer, step, summary, prefix='train')
     self.sums, self.tokens, self.flops, self.time, self.step, self.excluded = (
-        self._zeros(), 0, 0.0, now, step, 0.0)
+        self._zeros(), 0, 0.0, now, step, excluded)
 
 
 class _StopRequest:
@@ -394,7 +391,6 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
     state, metrics = train_fn(state, device_batch)
     if train_fn._cache_size() != compiled:  # pylint: disable=protected-access
       seconds = time.perf_counter() - start  # The call returned once compiled (the step runs asynchronously).
-      progress.exclude(seconds)
       timeline.add('compile', seconds)
       logging.info('Compiled the train step for batch shape %s in %.1f s.', list(batch['source_tokens'].shape),
                    seconds)
@@ -404,7 +400,6 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
       progress.check_pending()  # With on_nonfinite='stop', a skipped step's state is never saved.
     if last or step % cfg.log_every_steps == 0 or step == first_step + _FIRST_REPORT_AFTER:
       progress.report(step)
-    start = time.perf_counter()
     with timeline.stage('evaluation'):
       if last or step % cfg.eval_every_steps == 0:
         eval_metrics = evaluate_lib.validate(setup, eval_fn, state.params, data.eval_batches, step)
@@ -414,7 +409,6 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data,
         metrics_lib.write_scalars(writer, step, scores, 'eval')
         setup.best_checkpoints.save(step, {'params': state.params}, {}, force=True,
                                     metrics={'bleu': scores['bleu']})
-    progress.exclude(time.perf_counter() - start)
     with timeline.stage('checkpoint'):
       setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
@@ -483,7 +477,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       peak, peak_source = flops_lib.peak_flops(setup.model.cfg.compute_dtype)
       logging.info('MFU is reported against a peak of %.3g TFLOP/s (%s).', peak / 1e12, peak_source)
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
-    progress = _Progress(setup, writer, int(state.step), peak)
+    progress = _Progress(setup, writer, int(state.step), peak, timeline)
     start = time.perf_counter()
     with (_StopRequest() as stop, setup.mesh_context(),
           timeline.loop()):
