@@ -130,6 +130,16 @@ def get_config() -> ml_collections.ConfigDict:
       ),
   ))
 
+  # --mode=compile (transformer_jax/aot.py): what the train step needs per device, compiled without running it.
+  config.compile = ml_collections.ConfigDict(dict(
+      # A Cloud TPU slice to compile for with the TPU compiler, on any machine with the `tpu` extra (v4-8,
+      # v5e-8 or v5litepod-8, v5p-8, v6e-8, v5e-64, ...); empty: the devices this process sees.
+      topology='',
+      # With a topology: when the step does not fit a chip's memory, compile again with larger
+      # train.grad_accum_steps, then mesh.fsdp, and report the smallest setting that fits.
+      find_fit=True,
+  ))
+
   # --mode=export (transformer_jax/export.py): a CTranslate2 model directory for serving.
   config.export = ml_collections.ConfigDict(dict(
       format='ctranslate2',

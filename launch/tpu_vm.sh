@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Create, run on and delete a Cloud TPU VM (single host or a multi-host pod slice).
 #
-#   TPU_NAME=mt-base ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 launch/tpu_vm.sh create
+#   TPU_NAME=mt-base ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 launch/tpu_vm.sh create --config=configs/base.py
 #   TPU_NAME=mt-base ZONE=us-central2-b launch/tpu_vm.sh run \
 #       --config=configs/base.py --workdir=gs://BUCKET/runs/base
 #   TPU_NAME=mt-base ZONE=us-central2-b launch/tpu_vm.sh delete
 #
-# create: makes the VM, copies this repository to every worker and installs it with jax[tpu].
+# create: makes the VM, copies this repository to every worker and installs it with jax[tpu]. Given the run's
+#         flags (--config=... and overrides), it first compiles that train step for ACCELERATOR_TYPE here, with
+#         the TPU compiler (`--mode=compile --config.compile.topology=...`; needs `pip install -e '.[tpu]'`
+#         on this machine, minutes on a laptop), and creates nothing when the step does not fit the chips.
 # run:    runs `python3 -m transformer_jax.main --multihost ARGS...` on all workers at once (--worker=all),
 #         the same command everywhere; jax.distributed finds the other workers through the TPU metadata.
 #         On a slice of several hosts the workdir must be shared storage (gs://...): every process writes its
@@ -16,12 +19,13 @@
 # Environment: TPU_NAME (required), ZONE (required), ACCELERATOR_TYPE (create; default v4-8),
 # RUNTIME_VERSION (create; default tpu-ubuntu2204-base), PROJECT (optional, else gcloud's default),
 # SPOT=1 (create a preemptible Spot VM), REMOTE_DIR (default transformer_jax), DRY_RUN=1 (print the
-# gcloud commands instead of running them).
+# gcloud and compile commands instead of running them), SKIP_COMPILE_CHECK=1 (create without compiling), PYTHON
+# (the local interpreter for the check; default python3).
 # Hyperparameters live in configs/; this script only passes arguments through.
 set -euo pipefail
 
 usage() {
-  echo "usage: TPU_NAME=... ZONE=... $0 {create|run|delete} [transformer_jax.main flags for run]" >&2
+  echo "usage: TPU_NAME=... ZONE=... $0 {create|run|delete} [transformer_jax.main flags for create and run]" >&2
   exit 2
 }
 
@@ -54,8 +58,30 @@ on_all_workers() {
   gcloud_tpu ssh "$TPU_NAME" "${common[@]}" --worker=all --command="$1"
 }
 
+# Compiles the train step of the given main flags for ACCELERATOR_TYPE on this machine (--workdir left out:
+# the check writes nothing); exits when it does not fit or fails.
+compile_check() {
+  local flags=() arg
+  for arg in "$@"; do
+    [[ $arg == --workdir=* ]] || flags+=("$arg")
+  done
+  local cmd=("${PYTHON:-python3}" -m transformer_jax.main "${flags[@]}" --mode=compile
+             --config.compile.topology="$ACCELERATOR_TYPE")
+  if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf '%q ' "${cmd[@]}"
+    echo
+  elif ! (cd "$REPO_ROOT" && "${cmd[@]}"); then
+    echo "not creating $TPU_NAME: the step above does not fit $ACCELERATOR_TYPE or did not compile" \
+      "(SKIP_COMPILE_CHECK=1 creates it anyway)" >&2
+    exit 1
+  fi
+}
+
 case "$action" in
   create)
+    if [[ $# -gt 0 && "${SKIP_COMPILE_CHECK:-0}" != 1 ]]; then
+      compile_check "$@"
+    fi
     extra=()
     if [[ "${SPOT:-0}" == 1 ]]; then
       extra+=(--spot)

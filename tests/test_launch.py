@@ -17,7 +17,7 @@ SCRIPTS = sorted(p for p in (REPO_ROOT / 'launch').iterdir() if p.suffix in ('.s
 
 
 def run(args, env=None, check=True):
-  full_env = dict(os.environ, PYTHON=sys.executable, **(env or {}))
+  full_env = dict(os.environ, PYTHON=sys.executable) | (env or {})
   result = subprocess.run(args, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=60,
                           check=False)
   if check and result.returncode:
@@ -75,8 +75,39 @@ def test_sweep_chosen_rows_launcher_and_passthrough():
       '--config.train.num_train_steps=10 ',
       'sbatch --job-name=table3-big launch/slurm.sbatch --config=configs/table3.py:big --workdir=/shared/t3/big '
       '--config.train.num_train_steps=10 ']
-  tpu = run(['bash', 'launch/sweep_table3.sh', '--dry-run', '--launcher=tpu', 'A1']).stdout
+  # The TPU launcher first compiles every row for the slice (ACCELERATOR_TYPE), unless told not to.
+  tpu = run(['bash', 'launch/sweep_table3.sh', '--dry-run', '--launcher=tpu', 'A1'],
+            {'ACCELERATOR_TYPE': 'v5e-8'}).stdout.splitlines()
+  assert tpu[0].endswith('-m transformer_jax.main --config=configs/table3.py:A1 --mode=compile '
+                         '--config.compile.topology=v5e-8 ')
+  assert tpu[1].startswith('env TPU_NAME=table3-a1 launch/tpu_vm.sh run --config=configs/table3.py:A1 ')
+  tpu = run(['bash', 'launch/sweep_table3.sh', '--dry-run', '--launcher=tpu', '--skip-compile-check', 'A1']).stdout
   assert tpu.startswith('env TPU_NAME=table3-a1 launch/tpu_vm.sh run --config=configs/table3.py:A1 ')
+
+
+def failing_python(tmp_path):
+  """A PYTHON whose --mode=compile records its arguments and fails, as for a step that does not fit; anything
+  else runs in this interpreter."""
+  path = tmp_path / 'python'
+  path.write_text('#!/usr/bin/env bash\nif [[ " $* " == *" --mode=compile "* ]]; then\n'
+                  f'  printf "%s\\n" "$@" >> {tmp_path}/python_args\n  exit 1\nfi\nexec {sys.executable} "$@"\n')
+  path.chmod(0o755)
+  return {'PYTHON': str(path)}
+
+
+def test_tpu_launchers_stop_before_creating_or_launching_when_a_step_does_not_fit(tmp_path):
+  env = stub(tmp_path, 'gcloud') | failing_python(tmp_path) | {'TPU_NAME': 'mt', 'ZONE': 'z',
+                                                                'ACCELERATOR_TYPE': 'v5e-8'}
+  result = run(['bash', 'launch/tpu_vm.sh', 'create', '--config=configs/big.py', '--workdir=gs://b/big'], env,
+               check=False)
+  assert result.returncode == 1 and 'not creating mt' in result.stderr and 'gcloud' not in result.stdout
+  # The check compiled the run's config for the slice, without its workdir (it writes nothing).
+  assert (tmp_path / 'python_args').read_text().splitlines() == [
+      '-m', 'transformer_jax.main', '--config=configs/big.py', '--mode=compile', '--config.compile.topology=v5e-8']
+  result = run(['bash', 'launch/sweep_table3.sh', '--launcher=tpu', 'A1', 'B1'], env, check=False)
+  assert result.returncode == 1 and 'row A1 does not fit v5e-8' in result.stderr and 'gcloud' not in result.stdout
+  created = run(['bash', 'launch/tpu_vm.sh', 'create', '--config=configs/big.py'], env | {'SKIP_COMPILE_CHECK': '1'})
+  assert created.stdout.startswith('gcloud\ncompute\ntpus\ntpu-vm\ncreate\nmt\n')
 
 
 def test_sweep_rejects_unknown_row_and_launcher():

@@ -103,10 +103,14 @@ def _is_positive_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def validate_config(config) -> model_lib.ModelConfig:
+def validate_config(config, num_devices: int | None = None) -> model_lib.ModelConfig:
   """Checks every configuration value at start-up, in one place, before anything is read or written.
 
   Input files are checked separately (`check_data_files`): compile and benchmark modes read none.
+
+  Args:
+    config: the ConfigDict (configs/base.py).
+    num_devices: the devices the mesh spans; `jax.device_count()` by default.
 
   Returns:
     The ModelConfig at the configured vocabulary size.
@@ -129,7 +133,7 @@ def validate_config(config) -> model_lib.ModelConfig:
   _require(model_cfg.max_length >= data_cfg.max_length + decode_cfg.extra_length or model_cfg.position_embedding
            != 'learned', 'data.max_length + decode.extra_length', data_cfg.max_length + decode_cfg.extra_length,
            f'<= model.max_length={model_cfg.max_length} with learned positions (the longest decode)')
-  _check_mesh_divides_model(config, model_cfg, sharding.mesh_shape(config.mesh, jax.device_count()),
+  _check_mesh_divides_model(config, model_cfg, sharding.mesh_shape(config.mesh, num_devices or jax.device_count()),
                             sharding.logical_axis_rules(config.mesh))
   optim.make_optimizer(optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale),
                        b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
@@ -290,12 +294,16 @@ class Setup:
     return self.data_shards * self.config.train.grad_accum_steps
 
   def abstract_state(self):
-    """ShapeDtypeStructs with shardings of the TrainState (for restoring without initialising)."""
-    batch = {key: jnp.zeros((self.data_shards, 8), jnp.int32)
+    """ShapeDtypeStructs with shardings of the TrainState (for restoring or compiling without initialising).
+
+    Built from shapes alone: no array is created, so it works for compile-only devices (`tpu_slices`).
+    """
+    batch = {key: jax.ShapeDtypeStruct((self.data_shards, 8), jnp.int32)
              for key in ('source_tokens', 'decoder_input_tokens', 'target_tokens')}
-    init_fn = functools.partial(create_train_state, model=self.model, tx=self.tx, batch=batch)
+    init_fn = functools.partial(create_train_state, model=self.model, tx=self.tx)
+    rng = jax.eval_shape(lambda: jax.random.key(0))
     with self.mesh_context():
-      abstract = jax.eval_shape(init_fn, jax.random.key(0))
+      abstract = jax.eval_shape(init_fn, rng, batch=batch)
       shardings = sharding.logical_to_sharding(abstract, self.mesh, self.rules)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         nn.unbox(abstract), shardings)
@@ -307,21 +315,26 @@ class Setup:
             for key, value in batch.items() if key != 'example_index'}
 
 
-def compute_setup(config, workdir: str | None = None) -> Setup:
+def compute_setup(config, workdir: str | None = None, devices=None) -> Setup:
   """The I/O-free half of `setup`: config checks, mesh, model and optimiser; no tokenizer or checkpoints.
 
   Training (through `setup`), --mode=compile and --mode=benchmark all build the model, optimiser and mesh here,
   so that what compile and benchmark measure is what training runs.
 
+  Args:
+    config: the ConfigDict (configs/base.py).
+    workdir: the run's folder (recorded only).
+    devices: the mesh's devices; all of `jax.devices()` by default (compile: a TPU slice's, `tpu_slices`).
+
   Raises:
     ValueError: for a bad config value (`validate_config`).
   """
-  model_cfg = validate_config(config)
+  model_cfg = validate_config(config, None if devices is None else len(devices))
   train_cfg = config.train
   schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
   tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                             grad_clip_norm=train_cfg.grad_clip_norm)
-  return Setup(config, workdir, sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh),
+  return Setup(config, workdir, sharding.make_mesh(config.mesh, devices), sharding.logical_axis_rules(config.mesh),
                tokenizer=None, model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule, checkpoints=None)
 
 

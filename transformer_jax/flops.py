@@ -10,9 +10,11 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import model as model_lib
+from transformer_jax import tpu_slices
 
-# Dense bf16 peaks (FLOP/s per chip) of accelerators whose measured matmul rate would understate the datasheet.
-KNOWN_PEAKS = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5p': 459e12, 'TPU v6 lite': 918e12}
+# Dense bf16 peaks (FLOP/s per chip) of accelerators whose measured matmul rate would understate the datasheet,
+# by exact `device_kind` (v5p reports 'TPU v5'; 'TPU v5 lite' is v5e).
+KNOWN_PEAKS = {chip.device_kind: chip.peak_flops for chip in tpu_slices.CHIPS.values()}
 
 
 def forward_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: int, target_length: int) -> float:
@@ -65,8 +67,7 @@ def peak_flops(dtype) -> tuple[float, str]:
   """(peak FLOP/s of all devices together, where it came from): a known accelerator's table value, else measured
   here (a 2048^3 product on CPUs, 8192^3 elsewhere; about a second, once per process and dtype)."""
   kind = jax.devices()[0].device_kind
-  for name, value in KNOWN_PEAKS.items():
-    if kind.startswith(name):
-      return value * jax.device_count(), f'table ({kind})'
+  if kind in KNOWN_PEAKS:
+    return KNOWN_PEAKS[kind] * jax.device_count(), f'table ({kind})'
   size = 2048 if jax.default_backend() == 'cpu' else 8192
   return measure_peak_flops(dtype, size) * jax.device_count(), f'measured {size}^3 matmul on {kind}'
