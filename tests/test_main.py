@@ -1,10 +1,12 @@
 """The command line itself: help, --mode=config, and configs that load from any working directory."""
+import logging
 import os
 import pathlib
 import subprocess
 import sys
 
 from configs import multi30k
+from transformer_jax import logs
 from transformer_jax import workdir as workdir_lib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -104,7 +106,25 @@ def test_report_and_sweep_help_exit_zero(tmp_path):
 
 
 def test_a_mode_that_needs_a_workdir_says_so_in_one_line(tmp_path):
-  process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=compile', cwd=tmp_path)
+  process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=evaluate', cwd=tmp_path)
   assert process.returncode == 1
   assert process.stderr.strip().splitlines() == [
-      "--workdir is required for --mode=compile (the run's folder; --help for usage)"]
+      "--workdir is required for --mode=evaluate (the run's folder; --help for usage)"]
+
+
+def test_library_info_records_are_dropped_and_their_warnings_kept():
+  record = lambda path, level: logging.LogRecord('x', level, path, 1, 'message', None, None)
+  quiet = logs.QuietLibraries()
+  orbax = f'{os.sep}venv{os.sep}orbax{os.sep}checkpoint{os.sep}manager.py'
+  assert not quiet.filter(record(orbax, logging.INFO))
+  assert quiet.filter(record(orbax, logging.WARNING))
+  assert quiet.filter(record(f'{os.sep}repo{os.sep}transformer_jax{os.sep}train.py', logging.INFO))
+
+
+def test_compile_for_an_unknown_tpu_slice_is_one_line_without_a_workdir(tmp_path):
+  process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=compile', '--config.compile.topology=v5e-7',
+                 cwd=tmp_path)
+  assert process.returncode == 1 and [p.name for p in tmp_path.iterdir()] == ['packages']  # Nothing written.
+  lines = process.stderr.strip().splitlines()
+  assert lines[0].startswith("ValueError: compile.topology='v5e-7' is not a known TPU slice; known: v4-8, ")
+  assert len(lines) == 2

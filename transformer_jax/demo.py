@@ -53,9 +53,15 @@ def train_tiny_run(workdir: str | os.PathLike[str], corpus_dir: str | os.PathLik
 
 
 def main(argv) -> None:
-  """`python -m transformer_jax.demo`: trains the tiny run (see the module docstring)."""
+  """`python -m transformer_jax.demo`: trains the tiny run (see the module docstring), then says what next."""
   del argv
-  train_tiny_run(flags.FLAGS.workdir, flags.FLAGS.corpus, flags.FLAGS.num_train_steps)
+  from transformer_jax import logs  # pylint: disable=g-import-not-at-top
+  logs.quiet_libraries()
+  workdir = os.path.abspath(flags.FLAGS.workdir)
+  train_tiny_run(workdir, flags.FLAGS.corpus, flags.FLAGS.num_train_steps)
+  print(f'The demo run is in {workdir} ({flags.FLAGS.num_train_steps} steps of configs/tiny.py). Next:\n'
+        f'  inspect it: INSPECT_WORKDIR={workdir} jupyter lab notebooks/inspect.ipynb\n'
+        f'  translate:  echo "A dog runs." | python -m transformer_jax.main --workdir={workdir} --mode=translate')
 
 
 if __name__ == '__main__':

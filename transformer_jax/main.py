@@ -6,6 +6,7 @@
   python -m transformer_jax.main --workdir=runs/base --mode=tune_decoding --beam_sizes=4,6 --alphas=0.6,1.0
   python -m transformer_jax.main --config=configs/table3.py:B1 --mode=summary
   python -m transformer_jax.main --config=configs/multi30k.py --mode=config   # Every field, default, meaning.
+  python -m transformer_jax.main --config=configs/big.py --mode=compile --config.compile.topology=v5e-8
 
 --config may be left out when --workdir holds a run: its config.json is the config then. --mode=evaluate,
 --mode=translate and --mode=tune_decoding always start from the run's config.json; the command line may change
@@ -20,13 +21,12 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow (tf.data, TFDS)
 # TensorFlow only reads data here: its oneDNN kernels (and their start-up notice) are of no use.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
-import logging as python_logging  # pylint: disable=g-import-not-at-top
-
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 from ml_collections import config_flags
+
+from transformer_jax import logs
 
 
 MODES = ('train', 'evaluate', 'translate', 'tune_decoding', 'summary', 'benchmark', 'compile', 'config',
@@ -61,15 +61,6 @@ flags.DEFINE_string('compilation_cache_dir',
                     '$TRANSFORMER_JAX_COMPILATION_CACHE, else ~/.cache/transformer_jax/xla.')
 
 
-class _QuietLibraries(python_logging.Filter):
-  """Drops orbax's, TFDS's and JAX's INFO records (dozens per checkpoint; 'Unable to initialize backend tpu'
-  on every start of a CPU or GPU machine); keeps their warnings and our logs."""
-  _NOISY = (f'{os.sep}orbax{os.sep}', f'{os.sep}tensorflow_datasets{os.sep}', f'{os.sep}jax{os.sep}_src{os.sep}')
-
-  def filter(self, record):
-    return record.levelno > python_logging.INFO or not any(p in record.pathname for p in self._NOISY)
-
-
 def main(argv):
   """Runs --mode on --config (see the module docstring).
 
@@ -77,7 +68,7 @@ def main(argv):
     app.UsageError: for positional arguments.
     SystemExit: naming the flag, for a mode that needs --workdir without one.
   """
-  logging.get_absl_handler().addFilter(_QuietLibraries())
+  logs.quiet_libraries()
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, mode, workdir = flags.FLAGS.config, flags.FLAGS.mode, flags.FLAGS.workdir
@@ -93,6 +84,10 @@ def main(argv):
   if mode == 'benchmark':
     from transformer_jax import benchmark  # pylint: disable=g-import-not-at-top
     benchmark.run(config)
+    return
+  if mode == 'compile':  # --workdir is optional: it only receives compile.json.
+    from transformer_jax import aot  # pylint: disable=g-import-not-at-top
+    aot.compile_only(config, workdir)
     return
   if workdir is None:
     sys.exit(f'--workdir is required for --mode={mode} (the run\'s folder; --help for usage)')
@@ -123,9 +118,6 @@ def main(argv):
   elif mode == 'export':
     from transformer_jax import export  # pylint: disable=g-import-not-at-top
     export.export_run(config, workdir, flags.FLAGS.output)
-  elif mode == 'compile':
-    from transformer_jax import aot  # pylint: disable=g-import-not-at-top
-    aot.compile_only(config, workdir)
 
 
 def _decoding_grid() -> tuple[list[int], list[float]]:
