@@ -37,6 +37,7 @@ Padding rows are all PAD_ID (0).
 from collections.abc import Callable, Iterator, Sequence
 import dataclasses
 import itertools
+import os
 import time
 from typing import Any
 
@@ -76,7 +77,7 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
   if data_config.dataset == 'text':
     paths = _text_files(data_config, split)
     source, target = multi30k.read_parallel(paths)
-    logging.info('Read %d pairs of split %r from %s.', len(source), split, ', '.join(paths))
+    _log_once(f'Read {len(source)} pairs of split {split!r} from {", ".join(map(os.path.abspath, paths))}.')
     return source, target
   with tfds_downloads.fail_fast(data_config.dataset, data_config.tfds_data_dir or None):
     dataset, info = tfds.load(data_config.dataset, split=split, data_dir=data_config.tfds_data_dir or None,
@@ -87,10 +88,21 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
   for examples in tfds.as_numpy(dataset):
     for column, lang in zip(columns, langs):
       column.extend(text.decode('utf-8') for text in examples[lang])
-  made_from = f'; made from {info.config_description}' if data_config.dataset == 'multi30k' else ''
-  logging.info('Read %d pairs of split %r of %s from %s%s.', len(columns[0]), split, data_config.dataset,
-               info.data_dir, made_from)
+  files = f'the files in {os.path.abspath(data_config.manual_dir)}; ' if data_config.manual_dir else ''
+  _log_once(f'Read {len(columns[0])} pairs of split {split!r} of {data_config.dataset} ({files}TFDS cache '
+            f'{info.data_dir}).')
   return columns
+
+
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+  """Logs `message` the first time this process sees it (a split is read for the vocabulary, a check and
+  training: one line says it)."""
+  if message not in _LOGGED:
+    _LOGGED.add(message)
+    logging.info(message)
 
 
 def _tfds_kwargs(data_config: Any) -> dict[str, Any]:
