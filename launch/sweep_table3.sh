@@ -7,10 +7,17 @@
 #                                                          # configs/table3_multi30k.py: every row on a CPU
 #   launch/sweep_table3.sh --launcher=slurm                # one sbatch job per row (launch/slurm.sbatch)
 #   launch/sweep_table3.sh --launcher=tpu --workdir-root=gs://BUCKET/table3 A1
-#                                                          # on TPU VM "$TPU_PREFIX-<row>" (created beforehand)
+#                                                          # on TPU VM "$TPU_PREFIX-<row>" (created beforehand),
+#                                                          # each row first compiled for $ACCELERATOR_TYPE here
 #   launch/sweep_table3.sh C1 -- --config.train.num_train_steps=1000   # flags after -- go to every run
+#   launch/sweep_table3.sh --table=multi30k --seeds=1,2 base -- ...  # base again with seeds 1 and 2
 #
-# Options: --dry-run, --launcher={local,slurm,tpu} (default local), --table={paper,multi30k} (the rows of
+# Options: --dry-run, --seeds=K[,K...] (default 0: each row once; seed k > 0 trains in <root>/<row>.seed<k>
+# with train.seed = data.shuffle_seed = k, and the report gives mean +- std over a row's seeds),
+# --launcher={local,slurm,tpu} (default local), --skip-compile-check (tpu: launch without
+# first compiling every chosen row's train step for ACCELERATOR_TYPE, default v4-8, with the TPU compiler on
+# this machine; the check needs `pip install -e '.[tpu]'` and stops the sweep before any row is launched when a
+# row does not fit), --table={paper,multi30k} (the rows of
 # configs/table3.py or configs/table3_multi30k.py; default paper), --workdir-root=DIR (default runs/table3 or
 # runs/table3_multi30k; row R trains in DIR/R), --rerun (also rows that finished). Rows default to all of ROWS,
 # in table order; a row whose workdir holds final_metrics.json has finished and is skipped, so an interrupted
@@ -24,6 +31,8 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 dry_run=0
 rerun=0
+compile_check=1
+seeds=(0)
 launcher=local
 table=paper
 workdir_root=
@@ -34,6 +43,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --rerun) rerun=1 ;;
+    --skip-compile-check) compile_check=0 ;;
+    --seeds=*) IFS=, read -r -a seeds <<< "${1#*=}" ;;
     --launcher=*) launcher=${1#*=} ;;
     --table=*) table=${1#*=} ;;
     --workdir-root=*) workdir_root=${1#*=} ;;
@@ -49,6 +60,13 @@ case "$launcher" in
   local|slurm|tpu) ;;
   *) echo "--launcher must be local, slurm or tpu, got '$launcher'" >&2; exit 2 ;;
 esac
+
+for seed in "${seeds[@]}"; do
+  if [[ ! $seed =~ ^[0-9]+$ ]]; then
+    echo "--seeds takes non-negative integers separated by commas, got '$seed'" >&2
+    exit 2
+  fi
+done
 
 case "$table" in
   paper) config_file=configs/table3.py; module=table3 ;;
@@ -69,34 +87,60 @@ for row in "${rows[@]}"; do
   fi
 done
 
+if [[ $launcher == tpu && $compile_check == 1 ]]; then
+  # Every row is compiled for the slice before any is launched: a row that does not fit costs minutes here.
+  for row in "${rows[@]}"; do
+    cmd=("$PYTHON" -m transformer_jax.main --config="$config_file:$row" "${extra[@]}" --mode=compile
+         --config.compile.topology="${ACCELERATOR_TYPE:-v4-8}")
+    if [[ $dry_run == 1 ]]; then
+      printf '%q ' "${cmd[@]}"
+      echo
+    elif ! "${cmd[@]}"; then
+      echo "row $row does not fit ${ACCELERATOR_TYPE:-v4-8} or did not compile: nothing launched" \
+        "(--skip-compile-check launches anyway)" >&2
+      exit 1
+    fi
+  done
+fi
+
 status=0
 for row in "${rows[@]}"; do
-  workdir="$workdir_root/$row"
-  if [[ $rerun == 0 && -f "$workdir/final_metrics.json" ]]; then
-    echo "row $row: finished ($workdir/final_metrics.json); skipped (--rerun runs it again)" >&2
-    continue
-  fi
-  args=(--config="$config_file:$row" --workdir="$workdir" "${extra[@]}")
-  case "$launcher" in
-    local) cmd=("$PYTHON" -m transformer_jax.main "${args[@]}") ;;
-    slurm) cmd=(sbatch --job-name="table3-$row" launch/slurm.sbatch "${args[@]}") ;;
-    tpu) cmd=(env TPU_NAME="${TPU_PREFIX:-table3}-${row,,}" launch/tpu_vm.sh run "${args[@]}") ;;
-  esac
-  if [[ $dry_run == 1 ]]; then
-    printf '%q ' "${cmd[@]}"
-    echo
-    continue
-  fi
-  exit_status=0
-  "${cmd[@]}" || exit_status=$?
-  if [[ $launcher == local && -d "$workdir" ]]; then
-    printf '{"exit_status": %d, "finished_at": "%s"}\n' "$exit_status" "$(date -u +%FT%TZ)" \
-      > "$workdir/sweep_status.json"
-  fi
-  if [[ $exit_status != 0 ]]; then
-    echo "row $row failed (exit status $exit_status)" >&2
-    status=1
-  fi
+  for seed in "${seeds[@]}"; do
+    # Seed 0 trains in <root>/<row> with the config's seeds; seed k in <root>/<row>.seed<k> with train.seed and
+    # data.shuffle_seed (initialisation, dropout and data order) set to k. transformer_jax.report merges them.
+    run_name=$row
+    seed_args=()
+    if [[ $seed != 0 ]]; then
+      run_name="$row.seed$seed"
+      seed_args=(--config.train.seed="$seed" --config.data.shuffle_seed="$seed")
+    fi
+    workdir="$workdir_root/$run_name"
+    if [[ $rerun == 0 && -f "$workdir/final_metrics.json" ]]; then
+      echo "row $run_name: finished ($workdir/final_metrics.json); skipped (--rerun runs it again)" >&2
+      continue
+    fi
+    args=(--config="$config_file:$row" --workdir="$workdir" "${seed_args[@]}" "${extra[@]}")
+    case "$launcher" in
+      local) cmd=("$PYTHON" -m transformer_jax.main "${args[@]}") ;;
+      slurm) cmd=(sbatch --job-name="table3-$run_name" launch/slurm.sbatch "${args[@]}") ;;
+      tpu) cmd=(env TPU_NAME="${TPU_PREFIX:-table3}-${run_name,,}" launch/tpu_vm.sh run "${args[@]}") ;;
+    esac
+    if [[ $dry_run == 1 ]]; then
+      printf '%q ' "${cmd[@]}"
+      echo
+      continue
+    fi
+    exit_status=0
+    "${cmd[@]}" || exit_status=$?
+    if [[ $launcher == local && -d "$workdir" ]]; then
+      printf '{"exit_status": %d, "finished_at": "%s"}\n' "$exit_status" "$(date -u +%FT%TZ)" \
+        > "$workdir/sweep_status.json"
+    fi
+    if [[ $exit_status != 0 ]]; then
+      echo "row $run_name failed (exit status $exit_status)" >&2
+      status=1
+    fi
+  done
 done
 if [[ $dry_run == 0 && $launcher == local ]]; then
   "$PYTHON" -m transformer_jax.report "$workdir_root" --rows="$config_file" || status=1

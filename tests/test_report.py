@@ -62,8 +62,31 @@ def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
   header = text.splitlines()[0]
   for column in ('dev PPL', 'dev BLEU', 'test BLEU', 'params', 'train min', 'paper PPL', 'P_drop', 'ε_ls'):
     assert column in header
-  assert (tmp_path / 'table3_perplexity.png').stat().st_size > 1000
+  assert (tmp_path / 'table3.png').stat().st_size > 1000
   assert (tmp_path / 'table3.csv').read_text().count('\n') == len(records) + 1
+
+
+def test_seeds_are_averaged_and_rows_measured_in_units_of_bases_noise(tmp_path):
+  for seed, (perplexity, bleu) in enumerate(((9.0, 30.0), (9.2, 31.0), (9.4, 32.0))):
+    fake_run(tmp_path / ('base' if seed == 0 else f'base.seed{seed}'), 'base', finished(perplexity) | {
+        'validation_bleu': bleu})
+  fake_run(tmp_path / 'A1', 'A1', finished(9.5) | {'validation_bleu': 29.0})
+  fake_run(tmp_path / 'C1', 'C1', finished(12.0))
+  fake_run(tmp_path / 'C1.seed1', 'C1')  # A second seed still training.
+  text = report.write_report(tmp_path, ROWS_FILE)
+  records = {r['row']: r for r in json.loads((tmp_path / 'table3.json').read_text())['rows']}
+  base = records['base']
+  assert base['seeds'] == 3 and base['dev_perplexity'] == pytest.approx(9.2) and base['dev_bleu'] == 31.0
+  assert base['dev_perplexity_std'] == pytest.approx(0.2) and base['dev_bleu_std'] == pytest.approx(1.0)
+  # A1: BLEU two of base's standard deviations below it, perplexity 1.5 above.
+  assert records['A1']['dev_bleu_delta_sigma'] == pytest.approx(-2.0)
+  assert records['A1']['dev_perplexity_delta_sigma'] == pytest.approx(1.5)
+  assert records['A1']['seeds'] == 1 and records['A1']['dev_bleu_std'] is None
+  assert records['C1']['status'] == 'finished 1 of 2 seeds' and records['C1']['dev_perplexity'] == 12.0
+  assert 'base.seed1' not in records and 'C1.seed1' not in records  # Seeds are their row's, not extra rows.
+  assert '| 9.20 ± 0.20 ' in text and '| 31.00 ± 1.00 ' in text
+  assert "Spearman rank correlation of dev BLEU with the paper's:" in text
+  assert 'dev_bleu_std' in (tmp_path / 'table3.csv').read_text().splitlines()[0]
 
 
 def test_rank_correlation_reverses_with_the_order():
@@ -97,6 +120,19 @@ def test_sweep_skips_finished_rows_and_records_failures(tmp_path):
   assert json.loads((tmp_path / 'A1' / 'sweep_status.json').read_text())['exit_status'] == 3
   records = {r['row']: r for r in json.loads((tmp_path / 'table3.json').read_text())['rows']}
   assert records['A1']['status'] == 'failed (exit 3)' and records['base']['status'] == 'finished'
+
+
+def test_sweep_seeds_train_a_row_again_in_its_own_workdir(tmp_path):
+  fake_run(tmp_path / 'base', 'base', finished(9.0))
+  dry = run_sweep(tmp_path, '--dry-run', '--seeds=0,1,2', 'base')
+  assert 'row base: finished' in dry.stderr
+  lines = dry.stdout.splitlines()
+  assert len(lines) == 2
+  for seed, line in zip((1, 2), lines):
+    assert f'--workdir={tmp_path}/base.seed{seed} ' in line
+    assert f'--config.train.seed={seed} --config.data.shuffle_seed={seed} ' in line
+  bad = run_sweep(tmp_path, '--dry-run', '--seeds=1,x', 'base')
+  assert bad.returncode == 2 and "--seeds takes non-negative integers" in bad.stderr
 
 
 @pytest.mark.parametrize('row', list(table3_multi30k.ROWS))

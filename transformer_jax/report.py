@@ -7,11 +7,17 @@ line, in the file's order, whatever state its workdir `<DIR>/<row>` is in: `fini
 `final_metrics.json`, written by the final evaluation), `failed` (`launch/sweep_table3.sh` recorded a non-zero
 exit status in `sweep_status.json`), `unfinished` (it exists, but neither), or `not run`. Workdirs under DIR
 that name no row are listed after the rows. Numbers come only from what each run wrote (`config.json`,
-`final_metrics.json`); nothing is recomputed. Writes `table3.md`, `table3.csv`, `table3.json` and
-`table3_perplexity.png` into DIR (or --output_dir) and prints the Markdown.
+`final_metrics.json`); nothing is recomputed. Writes `table3.md`, `table3.csv`, `table3.json` and `table3.png`
+(dev perplexity and BLEU per row) into DIR (or --output_dir) and prints the Markdown.
+
+Seeds: `<DIR>/<row>.seed<k>` holds the same row trained with another seed (`launch/sweep_table3.sh --seeds`:
+train.seed and data.shuffle_seed = k; `<DIR>/<row>` is seed 0). A row with several finished seeds shows their
+mean ± sample standard deviation, and every row's difference from base is given in units of base's standard
+deviation over its seeds (the noise of training, measured).
 
 The paper's figures (newstest2013 perplexity per word piece and BLEU, parameters) stand beside ours; the
-Spearman rank correlation of the two perplexity columns, over the rows that have both, closes the table.
+Spearman rank correlations of the perplexity and BLEU columns with the paper's, over the rows that have both,
+close the table.
 """
 import csv
 import importlib.util
@@ -20,6 +26,8 @@ import json
 import math
 import os
 import pathlib
+import re
+import statistics
 import sys
 from typing import Any, Sequence
 
@@ -34,16 +42,21 @@ _DEFAULT_ROWS = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'table
 CONFIG_FILE = workdir_lib.CONFIG
 METRICS_FILE = workdir_lib.FINAL_METRICS
 SWEEP_STATUS_FILE = 'sweep_status.json'
+SEED_SUFFIX = '.seed'  # <row>.seed<k>: the row trained with seed k.
+# Figures averaged over a row's seeds; each also gets '<key>_std' (None for a single seed).
+SEED_METRICS = ('dev_perplexity', 'dev_bleu', 'test_bleu', 'train_minutes')
 
 # (column header, key of a row record).
 COLUMNS = (
     ('row', 'row'), ('change', 'change'), ('status', 'status'), ('N', 'num_layers'), ('d_model', 'd_model'),
     ('d_ff', 'd_ff'), ('h', 'num_heads'), ('d_k', 'd_k'), ('d_v', 'd_v'), ('P_drop', 'dropout_rate'),
-    ('ε_ls', 'label_smoothing'), ('train steps', 'train_steps'), ('dev PPL', 'dev_perplexity'),
-    ('dev BLEU', 'dev_bleu'), ('test BLEU', 'test_bleu'), ('params ×10⁶', 'params_millions'),
+    ('ε_ls', 'label_smoothing'), ('train steps', 'train_steps'), ('seeds', 'seeds'), ('dev PPL', 'dev_perplexity'),
+    ('dev BLEU', 'dev_bleu'), ('test BLEU', 'test_bleu'), ('Δ dev PPL / σ', 'dev_perplexity_delta_sigma'),
+    ('Δ dev BLEU / σ', 'dev_bleu_delta_sigma'), ('params ×10⁶', 'params_millions'),
     ('train min', 'train_minutes'), ('paper PPL', 'paper_ppl_dev'), ('paper BLEU', 'paper_bleu_dev'),
     ('paper params', 'paper_params_millions'),
 )
+CSV_KEYS = [key for _, key in COLUMNS] + [f'{key}_std' for key in SEED_METRICS]
 
 
 def load_rows_module(path: str | os.PathLike[str]):
@@ -111,70 +124,129 @@ def run_record(row: str, workdir: pathlib.Path, note: str, paper: dict | None) -
   return record
 
 
+def seed_of(name: str, row: str) -> int | None:
+  """The seed of workdir `name` for `row` (0 for `<row>`, k for `<row>.seed<k>`), or None if not that row's."""
+  if name == row:
+    return 0
+  match = re.fullmatch(re.escape(row + SEED_SUFFIX) + r'(\d+)', name)
+  return int(match[1]) if match else None
+
+
+def merge_seeds(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """One line for a row from its seeds' records (seed 0 first): SEED_METRICS averaged over the finished seeds,
+  with their sample standard deviation as '<key>_std' (None below two seeds); 'seeds' counts the finished ones.
+  """
+  finished = [r for r in records if r['status'] == 'finished']
+  merged = dict(finished[0] if finished else records[0])
+  merged['seeds'] = len(finished)
+  for key in SEED_METRICS:
+    values = [r[key] for r in finished if r[key] is not None]
+    merged[key] = statistics.fmean(values) if values else merged[key]
+    merged[f'{key}_std'] = statistics.stdev(values) if len(values) >= 2 else None
+  if finished and len(finished) < len(records):
+    merged['status'] = f'finished {len(finished)} of {len(records)} seeds'
+  return merged
+
+
+def add_noise_units(records: Sequence[dict[str, Any]]) -> None:
+  """Sets each record's 'dev_perplexity_delta_sigma' and 'dev_bleu_delta_sigma': its difference from base in
+  units of base's standard deviation over seeds (None where base has fewer than two finished seeds)."""
+  base = next((r for r in records if r['row'] == 'base'), None)
+  for record in records:
+    for key in ('dev_perplexity', 'dev_bleu'):
+      sigma = base and base.get(f'{key}_std')
+      known = sigma and record[key] is not None and base[key] is not None
+      record[f'{key}_delta_sigma'] = (record[key] - base[key]) / sigma if known else None
+
+
 def collect(directory: str | os.PathLike[str], rows_module) -> list[dict[str, Any]]:
-  """Records of every row of `rows_module`, in its order, then of any other workdir under `directory`."""
+  """Records of every row of `rows_module`, in its order (seeds merged), then of any other workdir under
+  `directory`."""
   directory = pathlib.Path(directory)
-  records = [run_record(row, directory / row, rows_module.NOTES.get(row, ''), rows_module.PAPER.get(row))
-             for row in rows_module.ROWS]
-  others = sorted(p.name for p in directory.iterdir() if p.is_dir() and p.name not in rows_module.ROWS) if (
-      directory.is_dir()) else []
-  return records + [run_record(name, directory / name, '(not a row of the rows file)', None) for name in others]
+  names = sorted(p.name for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else []
+  records, claimed = [], set()
+  for row in rows_module.ROWS:
+    seeds = sorted((seed, name) for name in names if (seed := seed_of(name, row)) is not None)
+    claimed |= {name for _, name in seeds}
+    workdirs = [directory / name for _, name in seeds] or [directory / row]
+    records.append(merge_seeds([run_record(row, workdir, rows_module.NOTES.get(row, ''),
+                                           rows_module.PAPER.get(row)) for workdir in workdirs]))
+  records += [merge_seeds([run_record(name, directory / name, '(not a row of the rows file)', None)])
+              for name in names if name not in claimed]
+  add_noise_units(records)
+  return records
 
 
-def rank_correlation(records: Sequence[dict[str, Any]]) -> tuple[float, int]:
-  """(Spearman's rho between our and the paper's dev perplexities, number of rows with both); nan if < 3."""
-  pairs = [(r['dev_perplexity'], r['paper_ppl_dev']) for r in records
-           if r['dev_perplexity'] is not None and r['paper_ppl_dev'] is not None]
-  if len(pairs) < 3:
-    return math.nan, len(pairs)
+def rank_correlation(records: Sequence[dict[str, Any]], ours: str = 'dev_perplexity',
+                     paper: str = 'paper_ppl_dev') -> tuple[float, int]:
+  """(Spearman's rho between our and the paper's column, number of rows with both); nan below 3 rows.
+
+  The default compares dev perplexities; `ours='dev_bleu', paper='paper_bleu_dev'` compares BLEUs.
+  """
+  pairs = [(r[ours], r[paper]) for r in records if r[ours] is not None and r[paper] is not None]
+  if len(pairs) < 3 or len({p[0] for p in pairs}) < 2 or len({p[1] for p in pairs}) < 2:
+    return math.nan, len(pairs)  # A constant column has no ranks.
   rho = scipy.stats.spearmanr([p[0] for p in pairs], [p[1] for p in pairs]).statistic
   return float(rho), len(pairs)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, std: float | None = None) -> str:
   if value is None:
     return '–'
   if isinstance(value, float):
-    return f'{value:.2f}' if abs(value) < 1000 else f'{value:.0f}'
+    text = f'{value:.2f}' if abs(value) < 1000 else f'{value:.0f}'
+    return text if std is None else f'{text} ± {std:.2f}'
   return str(value)
 
 
+def _correlation_line(records: Sequence[dict[str, Any]], what: str, ours: str, paper: str) -> str:
+  rho, count = rank_correlation(records, ours, paper)
+  return (f"Spearman rank correlation of {what} with the paper's: "
+          f'{_cell(rho) if not math.isnan(rho) else "n/a"} over {count} rows.')
+
+
 def markdown(records: Sequence[dict[str, Any]]) -> str:
-  """Table 3's layout as a GitHub Markdown table, then the rank-correlation line."""
-  table = tabulate.tabulate([[_cell(r[key]) for _, key in COLUMNS] for r in records],
+  """Table 3's layout as a GitHub Markdown table (means ± standard deviations over seeds), then the
+  rank-correlation lines."""
+  table = tabulate.tabulate([[_cell(r[key], r.get(f'{key}_std')) for _, key in COLUMNS] for r in records],
                             headers=[header for header, _ in COLUMNS], tablefmt='github', disable_numparse=True)
-  rho, count = rank_correlation(records)
-  return (f'{table}\n\nSpearman rank correlation of dev perplexity with the paper\'s: '
-          f'{_cell(rho) if not math.isnan(rho) else "n/a"} over {count} rows.\n')
+  return (f'{table}\n\n{_correlation_line(records, "dev perplexity", "dev_perplexity", "paper_ppl_dev")}\n'
+          f'{_correlation_line(records, "dev BLEU", "dev_bleu", "paper_bleu_dev")}\n')
 
 
 def to_csv(records: Sequence[dict[str, Any]]) -> str:
-  """The report's rows as CSV text, one column per entry of COLUMNS (header first)."""
+  """The report's rows as CSV text: one column per entry of COLUMNS, then the standard deviations."""
   out = io.StringIO()
-  writer = csv.DictWriter(out, fieldnames=[key for _, key in COLUMNS])
+  writer = csv.DictWriter(out, fieldnames=CSV_KEYS, extrasaction='ignore')
   writer.writeheader()
   writer.writerows(records)
   return out.getvalue()
 
 
-def plot_perplexity(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-  """Bars of our dev perplexity by row (log scale) beside the paper's (its own axis: the corpora differ)."""
+def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+  """Two panels by row, error bars one standard deviation over seeds: our dev perplexity (log scale) beside the
+  paper's (its own axis: the corpora differ), and our dev BLEU."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   rows = [r for r in records if r['dev_perplexity'] is not None or r['paper_ppl_dev'] is not None]
-  positions = range(len(rows))
-  figure, ours_axis = plt.subplots(figsize=(max(6.0, 0.45 * len(rows)), 4.0))
-  paper_axis = ours_axis.twinx()
-  ours_axis.bar([p - 0.2 for p in positions], [r['dev_perplexity'] or 0.0 for r in rows], width=0.4,
-                color='tab:blue', label='ours (left axis)')
+  positions = list(range(len(rows)))
+  figure, (ppl_axis, bleu_axis) = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(rows)), 7.0), sharex=True)
+  paper_axis = ppl_axis.twinx()
+  ppl_axis.bar([p - 0.2 for p in positions], [r['dev_perplexity'] or 0.0 for r in rows], width=0.4,
+               yerr=[r.get('dev_perplexity_std') or 0.0 for r in rows], capsize=2, color='tab:blue',
+               label='ours (left axis)')
   paper_axis.bar([p + 0.2 for p in positions], [r['paper_ppl_dev'] or 0.0 for r in rows], width=0.4,
                  color='tab:orange', label='paper, newstest2013 (right axis)')
-  ours_axis.set_xticks(list(positions), [r['row'] for r in rows], rotation=90)
-  ours_axis.set_yscale('log')  # A diverged row would flatten every other bar.
-  ours_axis.set_ylabel('our dev perplexity (log scale)')
+  ppl_axis.set_yscale('log')  # A diverged row would flatten every other bar.
+  ppl_axis.set_ylabel('our dev perplexity (log scale)')
   paper_axis.set_ylabel("paper's dev perplexity")
-  figure.legend(loc='upper left')
+  ppl_axis.legend(loc='upper left', fontsize='small')
+  paper_axis.legend(loc='upper right', fontsize='small')
+  bleu_axis.bar(positions, [r['dev_bleu'] or 0.0 for r in rows], yerr=[r.get('dev_bleu_std') or 0.0 for r in rows],
+                capsize=2, color='tab:green')
+  bleu_axis.set_ylabel('our dev BLEU')
+  bleu_axis.set_xticks(positions, [r['row'] for r in rows], rotation=90)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)
@@ -182,7 +254,7 @@ def plot_perplexity(records: Sequence[dict[str, Any]], path: str | os.PathLike[s
 
 def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike[str],
                  output_dir: str | os.PathLike[str] | None = None) -> str:
-  """Writes table3.{md,csv,json} and table3_perplexity.png into output_dir (default: directory).
+  """Writes table3.{md,csv,json,png} into output_dir (default: directory).
 
   Returns:
     The Markdown table.
@@ -197,12 +269,15 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   output.mkdir(parents=True, exist_ok=True)
   text = markdown(records)
   rho, count = rank_correlation(records)
+  bleu_rho, bleu_count = rank_correlation(records, 'dev_bleu', 'paper_bleu_dev')
+  nan_to_none = lambda x: None if math.isnan(x) else x
   (output / 'table3.md').write_text(text, encoding='utf-8')
   (output / 'table3.csv').write_text(to_csv(records), encoding='utf-8')
   (output / 'table3.json').write_text(json.dumps(
-      {'rows': records, 'spearman_dev_perplexity': None if math.isnan(rho) else rho, 'rows_compared': count},
+      {'rows': records, 'spearman_dev_perplexity': nan_to_none(rho), 'rows_compared': count,
+       'spearman_dev_bleu': nan_to_none(bleu_rho), 'rows_compared_bleu': bleu_count},
       indent=2, ensure_ascii=False), encoding='utf-8')
-  plot_perplexity(records, output / 'table3_perplexity.png')
+  plot_rows(records, output / 'table3.png')
   return text
 
 
