@@ -438,6 +438,8 @@ def test_load_split_multi30k_reads_the_manual_dir_given(tmp_path, multi30k_dir, 
     # The folder given, absolute, and the cache TFDS prepared from it (one per set of files).
     assert (f"Read {lines} pairs of split 'train' of multi30k (the files in {manual_dir}; TFDS cache "
             f"{tfds_dir}/multi30k/de-en-files-") in caplog.text
+  # A slice of a split (README: evaluating or tuning on part of a split) reads its first pairs.
+  assert input_pipeline.load_split(data, 'train[:7]')[0] == source[:7]
   # The same files in another folder are the same data (same config), prepared once per tfds_data_dir.
   copy = shutil.copytree(tmp_path / 'cut', tmp_path / 'copy')
   other_tfds = tmp_path / 'other_tfds'

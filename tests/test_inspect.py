@@ -236,6 +236,14 @@ def test_load_run_and_sentence_attention(tmp_path):
   assert maps.encoder_self.shape == (2, 4, len(source_ids) + 1, len(source_ids) + 1)
   assert maps.encoder_decoder.shape[2:] == (len(maps.target_labels), len(maps.source_labels))
 
+  # On its own translation: the maps' target rows are BOS and the pieces of what the model wrote.
+  hypothesis, own = inspection.translation_attention(run, 'the dog runs', beam_size=2)
+  assert hypothesis == inspection.translate(run, 'the dog runs', beam_size=2)
+  forced = inspection.sentence_attention(run, 'the dog runs', hypothesis)
+  assert own.target_labels == forced.target_labels and own.target_labels[0] == '<s>'
+  np.testing.assert_array_equal(own.encoder_decoder, forced.encoder_decoder)
+  assert own.encoder_decoder.shape[2:] == (len(own.target_labels), len(source_ids) + 1)
+
   config.data.vocab_size = 512
   with pytest.raises(FileNotFoundError, match='spm_512.model'):
     inspection.load_run(tmp_path, config)
@@ -306,3 +314,6 @@ def test_plots_write_pngs(tiny, tmp_path):
     plots.attention_figure(maps, 'encoder_self', layers=[2])
   with pytest.raises(ValueError, match='no training or validation curves'):
     plots.training_curves_figure({})
+  # A run with a single logged point still shows it (a marker; a line of one point draws nothing).
+  single = plots.training_curves_figure({'train/loss': inspection.Scalars([100], [5.0])})
+  assert single.axes[0].lines[0].get_marker() == 'o'

@@ -10,6 +10,7 @@ of this package as a script cannot shadow the standard library's `inspect`.
   print(inspection.parameter_table(run.params))
   maps = inspection.sentence_attention(run, 'A dog runs.', 'Ein Hund rennt.')
   maps.encoder_decoder  # float32 [num_layers, num_heads, tgt_len, src_len]
+  hypothesis, maps = inspection.translation_attention(run, 'A dog runs.')  # On its own translation.
 """
 import dataclasses
 import functools
@@ -35,6 +36,7 @@ from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import summary
 from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax import translation
 from transformer_jax import workdir as workdir_lib
 
 PyTree = Any
@@ -219,6 +221,26 @@ def sentence_attention(run: Run, source: str, target: str) -> AttentionMaps:
   pieces = _pieces(run.tokenizer_path)
   return attention_maps(run.model_cfg, run.params, source_ids, target_ids,
                         pieces.id_to_piece(source_ids), pieces.id_to_piece(target_ids))
+
+
+def translate(run: Run, source: str, beam_size: int | None = None) -> str:
+  """The run's own translation of `source` (raw text), decoded as evaluation does: beam search with the run's
+  decode.beam_size (or `beam_size`; 1 is greedy), decode.alpha and decode.extra_length (§6.1)."""
+  source_ids = run.tokenizer.encode([source])[0] + [tokenizer_lib.EOS_ID]
+  decode = run.config.decode
+  tokens = translation.decode_batch(run.params, jnp.asarray([source_ids], jnp.int32),
+                                    model=model_lib.Transformer(run.model_cfg),
+                                    beam_size=beam_size or decode.beam_size, alpha=decode.alpha,
+                                    extra_length=decode.extra_length)
+  return run.tokenizer.decode(np.asarray(tokens))[0]
+
+
+def translation_attention(run: Run, source: str, beam_size: int | None = None) -> tuple[str, AttentionMaps]:
+  """(the run's translation of `source`, the attention weights while it produced it): `sentence_attention` on
+  its own output (`translate`) instead of a reference, so the maps show what the model attended to when it chose
+  each word."""
+  hypothesis = translate(run, source, beam_size)
+  return hypothesis, sentence_attention(run, source, hypothesis)
 
 
 @functools.lru_cache(maxsize=8)

@@ -102,7 +102,7 @@ def training_curves_figure(scalars: dict[str, inspection.Scalars], title: str = 
   for axes, (name, tags) in zip(figure.subplots(1, len(panels), squeeze=False)[0], panels):
     for tag in tags:
       steps, values = scalars[tag]
-      style = 'o-' if tag.startswith('eval/') else '-'
+      style = 'o-' if tag.startswith('eval/') or len(steps) < 30 else '-'  # A line of one point is invisible.
       axes.plot(steps, values, style, markersize=4, label=tag)
     if name.startswith('perplexity'):
       axes.set_yscale('log')
