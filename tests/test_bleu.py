@@ -36,14 +36,8 @@ def test_compound_splitting_credits_a_partly_right_compound():
           > bleu.sacrebleu_score(hypotheses, references, 'de')[0])
 
 
-def test_format_bleu_labels_both_scores():
-  lines = bleu.format_bleu(REFERENCES, REFERENCES, 'de').splitlines()
-  assert lines[0].startswith('bleu: 100.00') and 'tok:13a' in lines[0]
-  assert lines[1].startswith('tokenized_bleu: 100.00')
-
-
 @pytest.mark.parametrize('fn', [bleu.sacrebleu_score, bleu.tokenized_bleu, bleu.lowercased_tokenized_bleu,
-                                bleu.all_bleu, bleu.format_bleu])
+                                bleu.all_bleu])
 def test_every_reference_stream_must_match_the_hypotheses(fn):
   """sacreBLEU itself scores the common prefix when a stream is shorter or longer (#16 item 7)."""
   with pytest.raises(ValueError, match='1 hypotheses but 2 references in reference stream 1 of 1'):
@@ -109,7 +103,7 @@ def test_chinese_target_from_text_files(tmp_path):
   assert score == pytest.approx(expected) and 50 < score < 100
   # 13a sees each unsegmented Chinese sentence as one or two words: only the exact line scores.
   assert sacrebleu.metrics.BLEU(tokenize='13a').corpus_score(hypotheses, [references]).score < score / 2
-  assert 'tok:zh' in bleu.format_bleu(hypotheses, references, 'zh').splitlines()[0]
+  assert 'tok:zh' in bleu.all_bleu(hypotheses, references, 'zh')['bleu_signature']
 
 
 @pytest.mark.parametrize('lang', ['de', 'fr'])

@@ -214,26 +214,3 @@ def all_bleu(hypotheses: Sequence[str], references: References, lang: str) -> di
   return {'bleu': result.score, 'bleu_signature': signature, 'length_ratio': result.sys_len / result.ref_len,
           'tokenized_bleu': tokenized_bleu(hypotheses, references, lang),
           'lowercased_tokenized_bleu': lowercased_tokenized_bleu(hypotheses, references, lang)}
-
-
-def format_bleu(hypotheses: Sequence[str], references: References, lang: str) -> str:
-  """The lines printed at the end of an evaluation.
-
-  Args:
-    hypotheses: detokenised system outputs, one per sentence.
-    references: detokenised references, aligned with hypotheses.
-    lang: target language code, e.g. 'de'.
-
-  Returns:
-    Two lines, e.g.
-      bleu: 27.31 (sacreBLEU detokenised, nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0)
-      tokenized_bleu: 27.95 (Moses-tokenized de, compound-split, as tensor2tensor get_ende_bleu.sh)
-
-  Raises:
-    ValueError: if a reference stream differs in size from hypotheses, or they are empty.
-  """
-  score, signature = sacrebleu_score(hypotheses, references, lang)
-  tokenized = tokenized_bleu(hypotheses, references, lang)
-  return (f'bleu: {score:.2f} (sacreBLEU detokenised, {signature})\n'
-          f'tokenized_bleu: {tokenized:.2f} (Moses-tokenized {lang}, compound-split, '
-          f'as tensor2tensor get_ende_bleu.sh)')

@@ -201,7 +201,8 @@ class Decoder(nn.Module):
   def __call__(self, decoder_input_tokens: Array, memory: Array, source_segment_ids: Array,
                target_segment_ids: Array | None, target_positions: Array | None,
                deterministic: bool, use_cache: bool) -> Array:
-    """Returns the last layer's output [batch, tgt_len, d_model]; see `Transformer.decode`."""
+    """Returns the last layer's output, after the final norm of pre-LN stacks (none for the paper's post-LN),
+    [batch, tgt_len, d_model] in the compute dtype; see `Transformer.decode`."""
     cfg = self.cfg
     if target_segment_ids is None:
       target_segment_ids = segment_ids_from_tokens(decoder_input_tokens)
@@ -213,7 +214,6 @@ class Decoder(nn.Module):
       if cache_exists:
         target_positions = jnp.full(decoder_input_tokens.shape, position.value, dtype=jnp.int32)
         position.value = position.value + 1
-        target_segment_ids = jnp.ones_like(decoder_input_tokens, dtype=jnp.int32)
     if use_cache:  # Unpacked sentences; the beams of a sentence share its memory row (see MultiHeadAttention).
       memory_mask = (source_segment_ids != 0)[:, None, None, :]  # [memory rows, 1, 1, src_len]
     else:
