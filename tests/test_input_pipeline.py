@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from transformer_jax import experiment
 from transformer_jax import input_pipeline
 from transformer_jax import multi30k
 from transformer_jax import tokenizer as tokenizer_lib
@@ -376,8 +377,11 @@ def test_load_split_text_files(tmp_path, caplog):
     input_pipeline.load_split(data, 'train')  # Read again (vocabulary, checks, training): logged once.
   assert caplog.text.count("Read 3 pairs of split 'train'") == 1
   assert input_pipeline.load_split(data, 'validation') == (['x'], ['y'])
-  with pytest.raises(ValueError, match="Split 'test' of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH'"):
+  with pytest.raises(ValueError, match="Split 'test' of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH' in "
+                     'data.test_files'):
     input_pipeline.load_split(data, 'test')
+  with pytest.raises(ValueError, match='in data.test_files'):  # The start-up check parses it the same way.
+    experiment.check_data_files(data, (data.test_split,))
   with pytest.raises(ValueError, match="Split 'dev' is none of"):
     input_pipeline.load_split(data, 'dev')
 

@@ -238,13 +238,8 @@ def check_data_files(data_config, splits) -> None:
     multi30k.check_manual_dir(data_config.manual_dir, (data_config.source_lang, data_config.target_lang))
   if data_config.dataset != 'text':
     return
-  keys = {data_config.train_split: 'train_files', data_config.eval_split: 'eval_files',
-          data_config.test_split: 'test_files'}
   for split in splits:
-    key = keys[split]
-    paths = [path.strip() for path in data_config[key].split(',')]
-    _require(len(paths) == 2 and all(paths), f'data.{key}', data_config[key],
-             "'SOURCE_PATH,TARGET_PATH' with dataset='text'")
+    key, paths = input_pipeline.text_files(data_config, split)
     for path in paths:
       if not epath.Path(path).exists():
         raise FileNotFoundError(f'data.{key}: {path} does not exist')

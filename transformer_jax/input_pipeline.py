@@ -75,7 +75,7 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
   """
   langs = (data_config.source_lang, data_config.target_lang)
   if data_config.dataset == 'text':
-    paths = _text_files(data_config, split)
+    _, paths = text_files(data_config, split)
     source, target = multi30k.read_parallel(paths)
     _log_once(f'Read {len(source)} pairs of split {split!r} from {", ".join(map(os.path.abspath, paths))}.')
     return source, target
@@ -136,16 +136,22 @@ def prepare_dataset(data_config: Any) -> None:
     builder.download_and_prepare(**kwargs.get('download_and_prepare_kwargs', {}))
 
 
-def _text_files(data_config: Any, split: str) -> list[str]:
-  """[source path, target path] of a split of dataset 'text'."""
-  for name, files in ((data_config.train_split, data_config.train_files),
-                      (data_config.eval_split, data_config.eval_files),
-                      (data_config.test_split, data_config.test_files)):
+def text_files(data_config: Any, split: str) -> tuple[str, list[str]]:
+  """(the config key, [source path, target path]) of a split of dataset 'text': data.train_files, eval_files or
+  test_files, each 'SOURCE_PATH,TARGET_PATH'.
+
+  Raises:
+    ValueError: naming the key, for a value that is not two comma-separated paths, or a split that is none of
+      data.train_split, eval_split and test_split.
+  """
+  for name, key in ((data_config.train_split, 'train_files'), (data_config.eval_split, 'eval_files'),
+                    (data_config.test_split, 'test_files')):
     if split == name:
-      paths = [path.strip() for path in files.split(',')]
+      paths = [path.strip() for path in data_config[key].split(',')]
       if len(paths) != 2 or not all(paths):
-        raise ValueError(f"Split {split!r} of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH', got {files!r}.")
-      return paths
+        raise ValueError(f"Split {split!r} of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH' in data.{key}, "
+                         f'got {data_config[key]!r}.')
+      return key, paths
   raise ValueError(f"Split {split!r} is none of the train, eval and test splits of dataset 'text'.")
 
 
