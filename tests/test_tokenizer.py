@@ -97,13 +97,7 @@ def test_wait_times_out(tmp_path):
     tokenizer_lib.train_or_load(tmp_path, None, 500, process_index=3, timeout_secs=0.1, poll_secs=0.02)
 
 
-def test_bad_arguments(tmp_path):
-  with pytest.raises(ValueError, match="'wordpiece'"):
-    tokenizer_lib.train_or_load(tmp_path, None, 1000, model_type='wordpiece')
-  with pytest.raises(ValueError, match='vocab_size must be positive, got 0'):
-    tokenizer_lib.train_or_load(tmp_path, None, 0)
-  with pytest.raises(ValueError, match=r'data.tokenizer_seed must be an integer in \[0, 2\*\*32\), got -1'):
-    tokenizer_lib.train_or_load(tmp_path, None, 1000, seed=-1)
+def test_a_vocabulary_the_corpus_cannot_fill_names_data_vocab_size(tmp_path):
   sentences = lambda: ['A man rides a bike.', 'Ein Mann fährt Rad.'] * 20
   with pytest.raises(ValueError, match=r'data.vocab_size=100 does not fit this corpus: .*smaller than required'):
     tokenizer_lib.train_or_load(tmp_path, sentences, 100)  # Fewer than 256 bytes + characters + specials.
@@ -184,14 +178,12 @@ def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization
   assert len(trained) == 1  # Loading an existing file does not call on_trained.
 
 
-def test_unknown_normalization(tmp_path):
-  with pytest.raises(ValueError, match="data.tokenizer_normalization must be one of .*got 'nfc'"):
-    tokenizer_lib.train_or_load(tmp_path, None, 1000, normalization='nfc')
-
-
 @pytest.mark.parametrize('key, value, match', [
     ('tokenizer_normalization', 'nfc', r"data.tokenizer_normalization must be one of \('nmt_nfkc', .*got 'nfc'"),
     ('tokenizer_seed', -1, r'data.tokenizer_seed must be an integer in \[0, 2\*\*32\), got -1'),
+    ('tokenizer_model_type', 'wordpiece', r"data.tokenizer_model_type must be one of \('bpe', 'unigram'\), got "
+                                          "'wordpiece'"),
+    ('vocab_size', 0, r'data.vocab_size must be .*got 0'),
 ])
 def test_config_checks_the_tokenizer_fields_at_start_up(key, value, match):
   from configs import base  # pylint: disable=g-import-not-at-top

@@ -215,6 +215,9 @@ def train_or_load(workdir: str | os.PathLike[str],
   Process 0 trains and writes the file atomically (a temporary file, then a rename); the other processes wait for
   it to appear, so every host uses the same vocabulary.
 
+  The arguments' ranges are checked once, at start-up, with the rest of the config
+  (`experiment.validate_config`: data.vocab_size, tokenizer_model_type, tokenizer_seed, tokenizer_normalization).
+
   Args:
     workdir: folder for the model file; created if missing.
     sentences: returns the training sentences (source and target together, Sec. 5.1); called only when process 0
@@ -234,19 +237,10 @@ def train_or_load(workdir: str | os.PathLike[str],
     The loaded Tokenizer.
 
   Raises:
-    ValueError: for an unknown model_type or normalization, a seed outside [0, 2**32), an existing file trained
-      with another normalization, a non-positive vocab_size, or one the corpus cannot fill or
-      that is smaller than its characters plus the special and byte pieces (naming data.vocab_size).
+    ValueError: for an existing file trained with another normalization, or a vocab_size the corpus cannot
+      fill or that is smaller than its characters plus the special and byte pieces (naming data.vocab_size).
     TimeoutError: if the file does not appear within timeout_secs on a process other than 0.
   """
-  if model_type not in ('bpe', 'unigram'):
-    raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
-  if vocab_size <= 0:
-    raise ValueError(f'vocab_size must be positive, got {vocab_size}.')
-  if normalization not in NORMALIZATIONS:
-    raise ValueError(f'data.tokenizer_normalization must be one of {NORMALIZATIONS}, got {normalization!r}.')
-  if not isinstance(seed, int) or not 0 <= seed < 2**32:
-    raise ValueError(f'data.tokenizer_seed must be an integer in [0, 2**32), got {seed!r}.')
   path = epath.Path(workdir_lib.path(workdir, workdir_lib.vocabulary_file(vocab_size)))
   if path.exists():
     logging.info('Loading the vocabulary %s (%d pieces).', path, vocab_size)
