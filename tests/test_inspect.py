@@ -17,9 +17,10 @@ from transformer_jax import model as model_lib
 from transformer_jax import plots
 from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import workdir as workdir_lib
+import tiny_runs  # pylint: disable=g-bad-import-order
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = dict(num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, max_length=32)
+TINY = tiny_runs.tiny_model_fields()  # configs/tiny.py's model.
 SOURCE = [5, 6, 7, 8, tokenizer_lib.EOS_ID, 0, 0]       # Two padding positions.
 DECODER_INPUT = [tokenizer_lib.BOS_ID, 9, 10, 11, 0]    # One padding position.
 

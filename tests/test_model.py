@@ -9,9 +9,10 @@ import pytest
 
 from transformer_jax import losses
 from transformer_jax import model as model_lib
+import tiny_runs  # pylint: disable=g-bad-import-order
 
 VOCAB = 64
-TINY = dict(num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, max_length=32)
+TINY = tiny_runs.tiny_model_fields()  # configs/tiny.py's model.
 # Two sentences, 0-padded, ending in EOS (2); decoder inputs start with BOS (1).
 SOURCE = np.array([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]], np.int32)
 DECODER_INPUT = np.array([[1, 12, 13, 14, 15], [1, 16, 17, 18, 0]], np.int32)

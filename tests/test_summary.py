@@ -9,8 +9,9 @@ import pytest
 
 from transformer_jax import model as model_lib
 from transformer_jax import summary
+import tiny_runs  # pylint: disable=g-bad-import-order
 
-TINY = dict(vocab_size=64, num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, max_length=32)
+TINY = tiny_runs.tiny_model_fields(vocab_size=64)  # configs/tiny.py's model.
 ROW = re.compile(r'^(?P<indent> *)(?P<name>\S.*?)\s+(?P<count>[\d,]+)\s+[\d.]+%$')
 
 

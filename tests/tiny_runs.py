@@ -26,6 +26,12 @@ SPLITS = {'train': 200, 'val': 16, 'test': 12}  # Pairs per split.
 COMPARED_TAGS = re.compile(r'^(train/(loss|nll|accuracy|perplexity|learning_rate|skipped_steps)|eval.*|test/.*)$')
 
 
+def tiny_model_fields(**overrides) -> dict:
+  """configs/tiny.py's model section (the tiny model the tests build: N=2, d_model=32, h=4, d_k=d_v=8), as
+  `model.ModelConfig` keyword arguments, with `overrides` (e.g. vocab_size=64, num_layers=1)."""
+  return dict(tiny.get_config().model) | overrides
+
+
 def synthetic_pairs(num_pairs: int, seed: int) -> list[tuple[str, str]]:
   """Sentences of 3 to 9 words and their word-for-word German translation."""
   rng = np.random.default_rng(seed)
