@@ -9,6 +9,7 @@ import pytest
 from transformer_jax import benchmark
 from transformer_jax import experiment
 from transformer_jax import memory
+from transformer_jax import sharding
 from transformer_jax import train
 
 from configs import tiny  # pylint: disable=g-bad-import-order
@@ -54,7 +55,7 @@ def test_benchmark_lowers_the_batch_until_the_step_fits(monkeypatch, capsys):
   config = _tiny_benchmark_config(32)
   s = experiment.compute_setup(config)
   abstract_state = s.abstract_state()
-  step_fn, _ = train.jit_steps(s, jax.tree.map(lambda x: x.sharding, abstract_state))
+  step_fn = train.jit_train_step(s, sharding.shardings_of(abstract_state))
   need = {b: memory.memory_figures(benchmark._fitting_step(s, step_fn, abstract_state, b)[1])['total_in_bytes']
           for b in (16, 32)}
   assert need[16] < need[32]
@@ -78,7 +79,7 @@ def test_train_step_check_names_the_batch_fields(monkeypatch):
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[8, 32\] needs .*'
                                                    r'Lower data\.tokens_per_batch, data\.max_length'):
-    memory.check_train_step(s, train.jit_steps)
+    memory.check_train_step(s, train.jit_train_step(s, s.state_sharding()))
 
 
 def test_train_step_check_takes_the_longest_of_the_shapes_training_feeds(monkeypatch):
@@ -87,4 +88,4 @@ def test_train_step_check_takes_the_longest_of_the_shapes_training_feeds(monkeyp
   s = experiment.compute_setup(tiny.get_config())
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[16, 24\] needs'):
-    memory.check_train_step(s, train.jit_steps, [(32, 8), (16, 24), (24, 16)])
+    memory.check_train_step(s, train.jit_train_step(s, s.state_sharding()), [(32, 8), (16, 24), (24, 16)])

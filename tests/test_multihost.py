@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer_jax import distributed
+from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
@@ -101,7 +102,8 @@ def _worker_main() -> None:
         jax.random.key(0), model, tx, s.device_batch(batches[0]), mesh, rules)
   else:
     state, state_sharding = _random_state(model, tx, mesh, rules, batches[0])
-  train_fn, eval_fn = train.jit_steps(s, state_sharding)
+  train_fn = train.jit_train_step(s, state_sharding)
+  eval_fn = evaluate.jit_eval_step(s, state_sharding.params)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     first = s.device_batch(batches[0])
     eval_fn = eval_fn.lower(state.params, first).compile()

@@ -102,7 +102,7 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   batch_c, batch_d = (copy_task_batch(rng, 16, 16, VOCAB_SIZE) for _ in range(2))
   state, state_sharding = experiment.sharded_train_state(jax.random.key(0), s.model, tx, s.device_batch(batch_a),
                                                     mesh, rules)
-  train_fn, _ = train.jit_steps(s, state_sharding)
+  train_fn = train.jit_train_step(s, state_sharding)
   copy = lambda tree: jax.tree.map(jnp.copy, tree)  # train_fn donates the state it is given.
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state_1, metrics_1 = train_fn(copy(state), s.device_batch(batch_a))

@@ -77,7 +77,7 @@ def compile_train_step(config, workdir: str | None = None, devices=None) -> tupl
   abstract_state = setup.abstract_state()
   shape = memory.largest_batch_shape(config.data, setup.rows_multiple)
   batch = memory.abstract_batch(config.data, shape, sharding.batch_sharding(setup.mesh))
-  train_fn, _ = train.jit_steps(setup, sharding.shardings_of(abstract_state))
+  train_fn = train.jit_train_step(setup, sharding.shardings_of(abstract_state))
   figures = {
       'mesh': dict(setup.mesh.shape), 'devices': setup.mesh.size, 'device_kind': setup.mesh.devices.flat[0].device_kind,
       'batch_shape': list(shape), 'tokens_per_batch': config.data.tokens_per_batch,
@@ -118,11 +118,11 @@ class CompilerOutOfMemoryError(MemoryError):
 def roofline(figures: dict[str, Any], chip: tpu_slices.Chip) -> dict[str, Any]:
   """An estimate of the step time from the step's work and the chip's published peaks (a roofline).
 
-  The step takes at least its model FLOPs (`flops.train_step_flops`, shared by the chips) at the bf16 peak, and
-  at least its HBM traffic at the HBM bandwidth; the estimate is the larger. The traffic is XLA's bytes accessed
-  times train.grad_accum_steps (XLA counts the micro-batch loop's body once; the loss's chunk loop is still
-  counted once, an undercount). Collectives (ICI), stalls and the host are left out, so the time is a lower
-  bound and the MFU an upper bound.
+  Compute: the model FLOPs (`flops.train_step_flops`, shared by the chips) at the bf16 peak, a lower bound on
+  the time. Memory: XLA's bytes accessed at the HBM bandwidth, times train.grad_accum_steps (XLA counts the
+  micro-batch loop's body once). XLA counts every fused op's operands and results, some of which stay in on-chip
+  memory, and the loss's chunk loop once: the memory side is an estimate, not a bound. The step time is the
+  larger of the two; collectives (ICI), stalls and the host are left out. A measured step is the real figure.
 
   Returns:
     {'compute_seconds', 'memory_seconds', 'step_seconds', 'bound' ('compute' or 'memory'), 'mfu' (model FLOPs
@@ -251,9 +251,9 @@ def format_report(figures: dict[str, Any]) -> str:
                  f"{figures['model_flops']:.4g} in total (flops.train_step_flops)")
   if 'roofline' in figures:
     r = figures['roofline']
-    lines.append(f"ESTIMATE (roofline from the chip's bf16 peak and HBM bandwidth, collectives left out): step "
-                 f"{r['step_seconds'] * 1e3:.1f} ms, {r['bound']}-bound (compute {r['compute_seconds'] * 1e3:.1f} ms, "
-                 f"HBM {r['memory_seconds'] * 1e3:.1f} ms); MFU at most {r['mfu']:.0%}")
+    lines.append(f"ESTIMATE (roofline: model FLOPs at the chip's bf16 peak, XLA's bytes accessed at its HBM bandwidth; "
+                 f"collectives left out): step {r['step_seconds'] * 1e3:.1f} ms, {r['bound']}-bound (compute "
+                 f"{r['compute_seconds'] * 1e3:.1f} ms, HBM {r['memory_seconds'] * 1e3:.1f} ms), MFU {r['mfu']:.0%}")
   if 'collectives' in figures:
     lines.append('collectives: ' + ', '.join(f'{k} {v}' for k, v in figures['collectives'].items()))
   return '\n'.join(lines)

@@ -60,7 +60,7 @@ def run(config) -> dict[str, float]:
   requested = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   abstract_state = setup.abstract_state()
   state_sharding = sharding.shardings_of(abstract_state)
-  step_fn, _ = train.jit_steps(setup, state_sharding)
+  step_fn = train.jit_train_step(setup, state_sharding)
   # Compiled on the abstract state first: nothing is allocated until a batch that fits is found.
   print(f'benchmark: compiling the train step for [{requested}, {bench.source_length} + {bench.target_length}]...',
         flush=True)

@@ -303,6 +303,10 @@ class Setup:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         nn.unbox(abstract), shardings)
 
+  def state_sharding(self):
+    """The TrainState's tree of NamedShardings on this Setup's mesh (`abstract_state`'s)."""
+    return sharding.shardings_of(self.abstract_state())
+
   def device_batch(self, batch: dict[str, np.ndarray]) -> Batch:
     """This host's rows of a global batch as global arrays split over the data axes."""
     batch_sharding = sharding.batch_sharding(self.mesh)

@@ -10,9 +10,8 @@ operating system's out-of-memory killer (or an accelerator's allocator) part way
 Used by training (`check_train_step`, before the first step), --mode=benchmark (which lowers its batch until it
 fits) and --mode=compile (which reports whether it would fit here).
 """
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import os
-from typing import Any
 
 from absl import logging
 import jax
@@ -138,8 +137,7 @@ TRAIN_BATCH_FIELDS = ('data.tokens_per_batch', 'data.max_length (or data.bucket_
                       'or raise train.grad_accum_steps')
 
 
-def check_train_step(setup, jit_steps: Callable[..., tuple[Any, Any]],
-                     shapes: Sequence[tuple[int, int]] | None = None) -> str:
+def check_train_step(setup, train_fn, shapes: Sequence[tuple[int, int]] | None = None) -> str:
   """Compiles the train step for the batch that needs the most memory and raises if it would not fit.
 
   Call before the state is created (it lowers the abstract state), so that nothing has been allocated yet.
@@ -148,7 +146,7 @@ def check_train_step(setup, jit_steps: Callable[..., tuple[Any, Any]],
 
   Args:
     setup: the `experiment.Setup`.
-    jit_steps: `train.jit_steps` (passed in, since train.py imports this module).
+    train_fn: the jitted step training runs (`train.jit_train_step` for `setup.state_sharding()`).
     shapes: the global [batch, length] shapes training will feed (`input_pipeline.TrainIterator.shapes`); the
       longest (then the widest) is checked. None: `largest_batch_shape` of the config, for the data unseen.
 
@@ -159,7 +157,6 @@ def check_train_step(setup, jit_steps: Callable[..., tuple[Any, Any]],
     DoesNotFitError: naming the batch fields to lower.
   """
   abstract_state = setup.abstract_state()
-  train_fn, _ = jit_steps(setup, sharding.shardings_of(abstract_state))
   if shapes:
     shape = max(shapes, key=lambda shape: (shape[1], shape[0]))
   else:

@@ -135,6 +135,10 @@ def devices(slice_: Slice) -> list[jax.Device]:
   os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
   os.environ.setdefault('TPU_ACCELERATOR_TYPE', slice_.name)
   os.environ.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
+  # libtpu takes /tmp/libtpu_lockfile for the chips of the host; compiling claims none, and a second compile
+  # on the same machine (another slice, a test run) would otherwise stop with "Internal error when accessing
+  # libtpu multi-process lockfile".
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
   topology = topologies.get_topology_desc(
       platform='tpu', topology_name=slice_.topology, chip_config_name=slice_.chip.chip_config,
       chips_per_host_bounds=slice_.chips_per_host, num_slices=1)

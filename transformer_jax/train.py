@@ -126,25 +126,23 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
   return new_state, metrics
 
 
-def jit_steps(setup: Setup, state_sharding):
-  """`train_step` and `evaluate.eval_step` jitted as training runs them (§5), for the mesh and config of `setup`.
+def jit_train_step(setup: Setup, state_sharding):
+  """`train_step` jitted as training runs it (§5), for the mesh and config of `setup`.
 
   Args:
     setup: the Setup (mesh, model, optimiser, train.label_smoothing, train.grad_accum_steps).
-    state_sharding: the TrainState's tree of NamedShardings (`sharding.shardings_of(setup.abstract_state())`).
+    state_sharding: the TrainState's tree of NamedShardings (`Setup.state_sharding()`).
 
   Returns:
-    (train_fn(state, batch) -> (state, metrics), which donates the state it is given;
-     eval_fn(params, batch) -> metric sums). Batches are split over the data axes (`sharding.batch_sharding`);
-    each compiles once per batch shape.
+    train_fn(state, batch) -> (state, metrics), which donates the state it is given. Batches are split over the
+    data axes (`sharding.batch_sharding`); it compiles once per batch shape.
   """
-  train_fn = jax.jit(
+  return jax.jit(
       functools.partial(train_step, model=setup.model, tx=setup.tx,
                         label_smoothing=setup.config.train.label_smoothing,
                         grad_accum_steps=setup.config.train.grad_accum_steps),
       in_shardings=(state_sharding, sharding.batch_sharding(setup.mesh)), out_shardings=(state_sharding, None),
       donate_argnums=0)
-  return train_fn, evaluate_lib.jit_eval_step(setup, state_sharding.params)
 
 
 @jax.jit
@@ -350,22 +348,21 @@ def _load_data(setup: Setup) -> _Data:
                eval_split, test)
 
 
-def _restore_or_init(setup: Setup, data: _Data) -> tuple[TrainState, Any]:
-  """The newest readable checkpoint's state (and iterator position), else a new state; and its shardings."""
+def _restore_or_init(setup: Setup, data: _Data) -> TrainState:
+  """The newest readable checkpoint's state (and iterator position), else a new state."""
   abstract = setup.abstract_state()
-  state_sharding = sharding.shardings_of(abstract)
   newest = setup.checkpoints.latest_step()
   restored = setup.checkpoints.restore_latest(abstract)
   if restored is None:
     state, _ = experiment.sharded_train_state(jax.random.key(setup.config.train.seed), setup.model, setup.tx,
                                               setup.device_batch(data.eval_batches[0]), setup.mesh, setup.rules)
-    return state, state_sharding
+    return state
   if restored.step != newest:
     setup.checkpoints.set_aside_newer_than(restored.step,
                                            workdir_lib.path(setup.workdir, workdir_lib.UNUSABLE_CHECKPOINTS))
   data.train_iter.set_state(restored.data_state)
   logging.info('Resumed from checkpoint step %d in %s.', restored.step, setup.checkpoints.directory)
-  return restored.state, state_sharding
+  return restored.state
 
 
 def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data, writer,
@@ -468,12 +465,14 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       return finished
     with timeline.stage('setup'):
       data = _load_data(setup)
+      state_sharding = setup.state_sharding()
+      train_fn = jit_train_step(setup, state_sharding)
       # Stops before any state is allocated if the step cannot fit.
-      memory.check_train_step(setup, jit_steps, data.train_iter.shapes)
+      memory.check_train_step(setup, train_fn, data.train_iter.shapes)
       if jax.process_index() == 0:  # Every check has passed: the run's record (notebooks, --mode=evaluate).
         workdir_lib.record_config(config, workdir, setup.checkpoints.latest_step() or 0)
-      state, state_sharding = _restore_or_init(setup, data)
-      train_fn, eval_fn = jit_steps(setup, state_sharding)
+      state = _restore_or_init(setup, data)
+      eval_fn = evaluate_lib.jit_eval_step(setup, state_sharding.params)
       peak, peak_source = flops_lib.peak_flops(setup.model.cfg.compute_dtype)
       logging.info('MFU is reported against a peak of %.3g TFLOP/s (%s).', peak / 1e12, peak_source)
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
