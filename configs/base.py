@@ -6,14 +6,21 @@ Paper (Vaswani et al., 2017): N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_dr
 100k steps of ~25,000 source + 25,000 target tokens, 65M parameters; newstest2013 PPL 4.92, BLEU 25.8;
 newstest2014 BLEU 27.3 (Table 2). 12 hours on 8 P100 GPUs (0.4 s/step).
 
-The paper's batch on the hardware at hand (`--mode=compile` per-device memory of the step at the longest
-bucket, [97, 256] per side padded to a multiple of data shards x grad_accum_steps; XLA:CPU's estimate):
+The paper's batch (~25,000 source + 25,000 target tokens, §5.1) on Cloud TPU slices, compiled by the TPU
+compiler on a 2-core CPU without a TPU, shared with a training run (`--mode=compile --config.compile.topology=<slice>
+--config.model.dtype=bfloat16`; benchmarks/tpu_fit_table.py); the step at the longest bucket, [97, 256] per side
+padded to a multiple of the data shards. Step times are the roofline ESTIMATE of aot.roofline (model FLOPs at
+the bf16 peak, XLA's bytes accessed at the HBM bandwidth; no collectives), not measurements:
 
-  accelerators  mesh                     train.grad_accum_steps   per-device memory
-  1             --config.mesh.data=1     1                        40.0 GiB
-  1             --config.mesh.data=1     4                        10.3 GiB   (a 16-24 GB GPU: 4)
-  8             data=8 (the paper)       1                         6.0 GiB
-  64            data=64                  1                         1.7 GiB
+  slice   chips  mesh     grad_accum_steps  GiB per chip / HBM  est. step, MFU  est. 100k steps  compile
+  v4-8    4      data=4   1                 3.16 / 32           39 ms, 24%      1.1 h            5.7 min
+  v5e-8   8      data=8   1                 2.31 / 16           35 ms, 20%      1.0 h            3.6 min
+  v5p-8   4      data=4   1                 3.14 / 95           14 ms, 42%      0.4 h            3.8 min
+  v6e-8   8      data=8   1                 2.34 / 32           20 ms, 7%       0.6 h            4.6 min
+  v5e-64  64     data=64  1                 1.37 / 16           16 ms, 7%       0.4 h            2.2 min
+
+The paper: 12 hours on 8 P100s (0.4 s/step). Every slice fits the paper's batch without accumulation; on one
+GPU, `--mode=compile` on that machine gives the figures for its memory (train.grad_accum_steps lowers them).
 
 Every default of the code lives here; other configs state only their differences.
 """

@@ -89,6 +89,26 @@ def test_seeds_are_averaged_and_rows_measured_in_units_of_bases_noise(tmp_path):
   assert 'dev_bleu_std' in (tmp_path / 'table3.csv').read_text().splitlines()[0]
 
 
+def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
+  import tensorboardX  # pylint: disable=g-import-not-at-top
+  runs = tmp_path / 'runs'
+  fake_run(runs / 'base', 'base', finished(9.0))
+  fake_run(runs / 'A1', 'A1')  # Unfinished: archived as it is.
+  writer = tensorboardX.SummaryWriter(str(runs / 'base'))
+  for step, perplexity in ((250, 60.0), (500, 20.0)):
+    writer.add_scalar('eval/perplexity', perplexity, step)
+  writer.close()
+  (runs / 'base' / 'checkpoints' / '500').mkdir(parents=True)
+  assert report.archive(runs, tmp_path / 'archive') == ['A1', 'base']
+  curves = json.loads((tmp_path / 'archive' / 'base' / 'curves.json').read_text())
+  assert curves == {'eval/perplexity': [[250, 60.0], [500, 20.0]]}
+  assert not (tmp_path / 'archive' / 'base' / 'checkpoints').exists()
+  report.write_report(runs, ROWS_FILE)
+  report.write_report(tmp_path / 'archive', ROWS_FILE)
+  rows = lambda d: json.loads((d / 'table3.json').read_text())['rows']
+  assert rows(runs) == rows(tmp_path / 'archive')  # The same table from kilobytes.
+
+
 def test_rank_correlation_reverses_with_the_order():
   records = [dict(dev_perplexity=p, paper_ppl_dev=q) for p, q in ((1, 3), (2, 2), (3, 1), (None, 5))]
   rho, count = report.rank_correlation(records)

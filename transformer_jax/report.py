@@ -281,9 +281,41 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   return text
 
 
+CURVES_FILE = 'curves.json'
+# What `archive` keeps of a run: what the report reads, and the curves that show how it got there.
+ARCHIVED_FILES = (CONFIG_FILE, METRICS_FILE, SWEEP_STATUS_FILE)
+ARCHIVED_CURVES = ('eval/perplexity', 'eval/nll', 'eval/bleu', 'train/nll', 'train/loss')
+
+
+def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[str]) -> list[str]:
+  """Copies each run's record under `directory` into `archive_dir/<run>/`: the files the report reads and a
+  `curves.json` ({tag: [[step, value], ...]}) of its TensorBoard curves, kilobytes per run instead of its
+  checkpoints. A report of `archive_dir` gives the same table; copied back into a sweep's directory, finished
+  runs are skipped (`launch/sweep_table3.sh` resumes from `final_metrics.json`).
+
+  Returns:
+    The names of the runs archived (those with a config.json).
+  """
+  from transformer_jax import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for archiving)
+  archived = []
+  for run in sorted(p for p in pathlib.Path(directory).iterdir() if (p / CONFIG_FILE).is_file()):
+    target = pathlib.Path(archive_dir) / run.name
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ARCHIVED_FILES:
+      if (run / name).is_file():
+        (target / name).write_bytes((run / name).read_bytes())
+    scalars = inspection.read_scalars(run)
+    curves = {tag: [[int(s), float(v)] for s, v in zip(*scalars[tag])] for tag in ARCHIVED_CURVES if tag in scalars}
+    (target / CURVES_FILE).write_text(json.dumps(curves), encoding='utf-8')
+    archived.append(run.name)
+  return archived
+
+
 _ROWS = flags.DEFINE_string('rows', str(_DEFAULT_ROWS), 'The rows file: configs/table3.py or '
                             'configs/table3_multi30k.py (ROWS, NOTES, PAPER).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where to write the report files; default: DIR.')
+_ARCHIVE = flags.DEFINE_string('archive', None, "Also copy every run's record (config, final metrics, curves; no "
+                               'checkpoints) into this folder, e.g. to commit a sweep in progress (`archive`).')
 
 
 def main(argv: Sequence[str]) -> None:
@@ -293,7 +325,10 @@ def main(argv: Sequence[str]) -> None:
     app.UsageError: unless exactly one DIR is given.
   """
   if len(argv) != 2:
-    raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR]')
+    raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR] '
+                         '[--archive=DIR]')
+  if _ARCHIVE.value:
+    archive(argv[1], _ARCHIVE.value)
   print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value), end='')
 
 
