@@ -34,5 +34,6 @@ def test_inspect_notebook_runs_on_a_tiny_run(multi30k_dir, tmp_path):
   images = [o for o in outputs if 'image/png' in o.get('data', {})]
   pngs = sorted(p.name for p in (tmp_path / 'png').iterdir())
   assert pngs == ['attention_decoder_self.png', 'attention_encoder_decoder.png', 'attention_encoder_self.png',
-                  'curves.png', 'learning_rate.png', 'positional_encoding.png']
+                  'attention_own_translation.png', 'curves.png', 'learning_rate.png', 'positional_encoding.png']
+  assert 'translation: ' in text  # The model's own translation, whose attention is drawn.
   assert len(images) == len(pngs)
