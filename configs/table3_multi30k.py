@@ -71,6 +71,36 @@ NOTES = table3.NOTES | {
 }
 PAPER = table3.PAPER
 
+# The paper's findings about these rows, each with the comparisons that test it here (transformer_jax.report):
+# (claim, row, reference rows (the best of them), metric, expected: 'worse', 'better' or 'same').
+_BIGGER = (('N=1 is worse', 'C1', ('base',)), ('N=2 is worse', 'C2', ('base',)), ('N=4 is better', 'C3', ('base',)),
+           ('d_model=128 is worse', 'C4', ('base',)), ('d_model=512 is better', 'C5', ('base',)),
+           ('d_ff=512 is worse', 'C6', ('base',)), ('d_ff=2048 is better', 'C7', ('base',)),
+           ('big is better', 'big', ('base',)))
+FINDINGS = (
+    dict(finding='A', section='§6.2', quote='While single-head attention is 0.9 BLEU worse than the best setting, '
+         'quality also drops off with too many heads.', checks=(
+             ('one head is worse than the best setting', 'A1', ('base', 'A2', 'A3', 'A4'), 'dev_bleu', 'worse'),
+             ('16 heads are worse than the best setting', 'A4', ('base', 'A1', 'A2', 'A3'), 'dev_bleu', 'worse'))),
+    dict(finding='B', section='§6.2', quote='reducing the attention key size d_k hurts model quality', checks=(
+        ('d_k=16 hurts', 'B1', ('base',), 'dev_bleu', 'worse'),
+        ('d_k=32 hurts', 'B2', ('base',), 'dev_bleu', 'worse'))),
+    dict(finding='C', section='§6.2', quote='as expected, bigger models are better', checks=tuple(
+        (claim, row, refs, 'dev_bleu', 'worse' if claim.endswith('worse') else 'better')
+        for claim, row, refs in _BIGGER)),
+    dict(finding='D', section='§6.2', quote='dropout is very helpful in avoiding over-fitting', checks=(
+        ('no dropout is worse (BLEU)', 'D1', ('base',), 'dev_bleu', 'worse'),
+        ('no dropout is worse (perplexity)', 'D1', ('base',), 'dev_perplexity', 'worse'))),
+    dict(finding='D (label smoothing)', section='§5.4', quote='This hurts perplexity, as the model learns to be '
+         'more unsure, but improves accuracy and BLEU score.', checks=(
+             ('without it, perplexity is better', 'D3', ('base',), 'dev_perplexity', 'better'),
+             ('without it, BLEU is worse', 'D3', ('base',), 'dev_bleu', 'worse'))),
+    dict(finding='E', section='§6.2', quote='learned positional embeddings [...] nearly identical results to the '
+         'base model', checks=(
+             ('learned positions: the same BLEU', 'E', ('base',), 'dev_bleu', 'same'),
+             ('learned positions: the same perplexity', 'E', ('base',), 'dev_perplexity', 'same'))),
+)
+
 
 def base_config() -> ml_collections.ConfigDict:
   """The Multi30k base row (see the module docstring)."""

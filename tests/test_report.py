@@ -109,6 +109,31 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
   assert rows(runs) == rows(tmp_path / 'archive')  # The same table from kilobytes.
 
 
+def test_findings_get_a_verdict_in_units_of_bases_noise(tmp_path):
+  for seed, (perplexity, bleu) in enumerate(((9.0, 30.0), (9.2, 31.0), (9.4, 32.0))):  # σ: 0.2 and 1.0.
+    fake_run(tmp_path / ('base' if seed == 0 else f'base.seed{seed}'), 'base', finished(perplexity) | {
+        'validation_bleu': bleu})
+  for row, perplexity, bleu in (('A1', 9.5, 28.0), ('B1', 9.3, 30.5), ('D3', 8.5, 33.0), ('E', 9.1, 31.5)):
+    fake_run(tmp_path / row, row, finished(perplexity) | {'validation_bleu': bleu})
+  text = report.write_report(tmp_path, ROWS_FILE)
+  results = {(r['row'], r['metric']): r for r in json.loads((tmp_path / 'table3.json').read_text())['verdicts']}
+  one_head = results[('A1', 'dev_bleu')]  # 28 against base's 31 (A2-A4 not run): 3 σ worse, as the paper says.
+  assert one_head['reference'] == 'base' and one_head['z'] == pytest.approx(-3.0) and one_head['verdict'] == 'holds'
+  assert results[('B1', 'dev_bleu')]['verdict'] == 'within noise'       # Half a σ.
+  assert results[('D3', 'dev_perplexity')]['verdict'] == 'holds'         # Without smoothing: 3.5 σ lower.
+  assert results[('D3', 'dev_bleu')]['verdict'] == 'reversed'            # ... and BLEU 2 σ higher, not lower.
+  assert results[('E', 'dev_bleu')]['verdict'] == 'holds'                # Learned positions: within noise.
+  assert results[('C1', 'dev_bleu')]['verdict'] == 'not run'
+  assert "The paper's findings, tested" in text and '| A (§6.2) ' in text
+
+
+def test_findings_name_rows_of_the_table():
+  for finding in table3_multi30k.FINDINGS:
+    for _, row, references, metric, expected in finding['checks']:
+      assert {row, *references} <= set(table3_multi30k.ROWS) and row not in references
+      assert metric in ('dev_bleu', 'dev_perplexity') and expected in ('worse', 'better', 'same')
+
+
 def test_rank_correlation_reverses_with_the_order():
   records = [dict(dev_perplexity=p, paper_ppl_dev=q) for p, q in ((1, 3), (2, 2), (3, 1), (None, 5))]
   rho, count = report.rank_correlation(records)

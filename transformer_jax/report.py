@@ -214,6 +214,62 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
           f'{_correlation_line(records, "dev BLEU", "dev_bleu", "paper_bleu_dev")}\n')
 
 
+NOISE_UNITS = 2.0  # A difference below this many of base's standard deviations is within noise.
+
+
+def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Tests the paper's findings (a rows file's FINDINGS) on the records: one verdict per comparison.
+
+  Each check compares a row with the best of its reference rows on one metric, in units of base's standard
+  deviation over seeds (σ): `holds` when the difference is at least NOISE_UNITS σ in the expected direction
+  (or below it, for 'same'), `reversed` when it is that large the other way ('differs' for 'same'), `within
+  noise` otherwise; `no noise estimate` while base has fewer than two seeds, `not run` while a row is missing.
+
+  Returns:
+    One dict per check: finding, section, quote, claim, row, reference (the best reference row), metric, value,
+    reference_value, difference, sigma, z (difference / sigma, signed so that positive is better) and verdict.
+  """
+  by_row = {r['row']: r for r in records}
+  base = by_row.get('base', {})
+  out = []
+  for finding in findings:
+    for claim, row, references, metric, expected in finding['checks']:
+      higher_is_better = metric != 'dev_perplexity'
+      known = [r for r in references if by_row.get(r, {}).get(metric) is not None]
+      best = (max if higher_is_better else min)(known, key=lambda r: by_row[r][metric]) if known else None
+      value = by_row.get(row, {}).get(metric)
+      result = dict(finding=finding['finding'], section=finding['section'], quote=finding['quote'], claim=claim,
+                    row=row, reference=best, metric=metric, value=value,
+                    reference_value=by_row[best][metric] if best else None, difference=None,
+                    sigma=base.get(f'{metric}_std'), z=None)
+      if value is None or best is None:
+        out.append(result | {'verdict': 'not run'})
+        continue
+      result['difference'] = value - result['reference_value']
+      sign = 1.0 if higher_is_better else -1.0
+      if not result['sigma']:
+        out.append(result | {'verdict': 'no noise estimate'})
+        continue
+      z = sign * result['difference'] / result['sigma']
+      if expected == 'same':
+        verdict = 'holds' if abs(z) < NOISE_UNITS else 'differs'
+      elif abs(z) < NOISE_UNITS:
+        verdict = 'within noise'
+      else:
+        verdict = 'holds' if (z > 0) == (expected == 'better') else 'reversed'
+      out.append(result | {'z': z, 'verdict': verdict})
+  return out
+
+
+def verdict_markdown(results: Sequence[dict[str, Any]]) -> str:
+  """The verdicts as a Markdown table: finding, claim, the figures, z (positive: better) and the verdict."""
+  rows = [[f"{r['finding']} ({r['section']})", r['claim'],
+           f"{r['row']} {_cell(r['value'])} vs {r['reference'] or '–'} {_cell(r['reference_value'])}",
+           r['metric'].replace('_', ' '), _cell(r['sigma']), _cell(r['z']), r['verdict']] for r in results]
+  return tabulate.tabulate(rows, headers=['finding', 'claim', 'figures', 'metric', 'σ (base seeds)', 'z',
+                                          'verdict'], tablefmt='github', disable_numparse=True) + '\n'
+
+
 def to_csv(records: Sequence[dict[str, Any]]) -> str:
   """The report's rows as CSV text: one column per entry of COLUMNS, then the standard deviations."""
   out = io.StringIO()
@@ -264,17 +320,21 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   """
   if not pathlib.Path(directory).is_dir():
     raise FileNotFoundError(f'{directory} is not a directory of runs')
-  records = collect(directory, load_rows_module(rows_path))
+  rows_module = load_rows_module(rows_path)
+  records = collect(directory, rows_module)
   output = pathlib.Path(output_dir or directory)
   output.mkdir(parents=True, exist_ok=True)
   text = markdown(records)
+  findings = verdicts(records, getattr(rows_module, 'FINDINGS', ()))
+  if findings:
+    text += f'\nThe paper\'s findings, tested (σ: base\'s standard deviation over seeds):\n\n{verdict_markdown(findings)}'
   rho, count = rank_correlation(records)
   bleu_rho, bleu_count = rank_correlation(records, 'dev_bleu', 'paper_bleu_dev')
   nan_to_none = lambda x: None if math.isnan(x) else x
   (output / 'table3.md').write_text(text, encoding='utf-8')
   (output / 'table3.csv').write_text(to_csv(records), encoding='utf-8')
   (output / 'table3.json').write_text(json.dumps(
-      {'rows': records, 'spearman_dev_perplexity': nan_to_none(rho), 'rows_compared': count,
+      {'rows': records, 'verdicts': findings, 'spearman_dev_perplexity': nan_to_none(rho), 'rows_compared': count,
        'spearman_dev_bleu': nan_to_none(bleu_rho), 'rows_compared_bleu': bleu_count},
       indent=2, ensure_ascii=False), encoding='utf-8')
   plot_rows(records, output / 'table3.png')
