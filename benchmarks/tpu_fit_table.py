@@ -21,9 +21,13 @@ from absl import flags
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import big  # pylint: disable=g-import-not-at-top,wrong-import-position
 from transformer_jax import aot  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_CONFIGS = flags.DEFINE_list('configs', ['base', 'big'], 'Configs in configs/ to compile.')
+CONFIGS = {'base': base.get_config, 'big': big.get_config}
+
+_CONFIGS = flags.DEFINE_multi_enum('configs', ['base', 'big'], ['base', 'big'], 'The paper configs to compile.')
 _SLICES = flags.DEFINE_list('slices', ['v4-8', 'v5e-8', 'v5p-8', 'v6e-8', 'v5e-64'], 'Cloud TPU slices.')
 _OUTPUT = flags.DEFINE_string('output', None, 'JSON lines file the figures are appended to.', required=True)
 _DTYPE = flags.DEFINE_string('dtype', 'bfloat16', 'model.dtype to compile with.')
@@ -33,13 +37,13 @@ PAPER_TIME = {'base': '12 hours on 8 P100s', 'big': '3.5 days on 8 P100s'}
 
 
 def _compile(config_name: str, slice_name: str) -> dict:
-  config = __import__(f'configs.{config_name}', fromlist=['get_config']).get_config()
+  config = CONFIGS[config_name]()
   config.model.dtype = _DTYPE.value
   config.compile.topology = slice_name
   start = time.perf_counter()
   figures = aot.compile_for_slice(config)
-  return {'config': config_name, 'slice': slice_name, 'wall_seconds': time.perf_counter() - start,
-          'figures': figures}
+  return {'config': config_name, 'slice': slice_name, 'dtype': _DTYPE.value,
+          'wall_seconds': time.perf_counter() - start, 'figures': figures}
 
 
 def _row(entry: dict) -> str:
@@ -68,10 +72,10 @@ def main(argv):
   output = pathlib.Path(_OUTPUT.value)
   done = set()
   if output.exists():
-    done = {(e['config'], e['slice']) for e in map(json.loads, output.read_text().splitlines())}
+    done = {(e['config'], e['slice'], e['figures']['dtype']) for e in map(json.loads, output.read_text().splitlines())}
   for config_name in _CONFIGS.value:
     for slice_name in _SLICES.value:
-      if (config_name, slice_name) in done:
+      if (config_name, slice_name, _DTYPE.value) in done:
         continue
       entry = _compile(config_name, slice_name)
       print(aot.format_report(entry['figures']), flush=True)
@@ -84,7 +88,7 @@ def main(argv):
           f'est. {PAPER_STEPS[config_name] // 1000}k steps | compile min |')
     print('|---|---|---|---|---|---|---|---|')
     for entry in entries:
-      if entry['config'] == config_name:
+      if entry['config'] == config_name and entry['figures']['dtype'] == _DTYPE.value:
         print(_row(entry))
 
 

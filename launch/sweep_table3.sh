@@ -61,12 +61,24 @@ case "$launcher" in
   *) echo "--launcher must be local, slurm or tpu, got '$launcher'" >&2; exit 2 ;;
 esac
 
+normalised=()
 for seed in "${seeds[@]}"; do
   if [[ ! $seed =~ ^[0-9]+$ ]]; then
     echo "--seeds takes non-negative integers separated by commas, got '$seed'" >&2
     exit 2
   fi
+  seed=$((10#$seed))  # 01 is seed 1: one workdir per seed.
+  if [[ " ${normalised[*]} " == *" $seed "* ]]; then
+    echo "--seeds names seed $seed twice" >&2
+    exit 2
+  fi
+  normalised+=("$seed")
 done
+if [[ ${#normalised[@]} -eq 0 ]]; then
+  echo "--seeds is empty; e.g. --seeds=0,1,2" >&2
+  exit 2
+fi
+seeds=("${normalised[@]}")
 
 case "$table" in
   paper) config_file=configs/table3.py; module=table3 ;;
@@ -90,12 +102,7 @@ done
 if [[ $launcher == tpu && $compile_check == 1 ]]; then
   # Every row is compiled for the slice before any is launched: a row that does not fit costs minutes here.
   for row in "${rows[@]}"; do
-    cmd=("$PYTHON" -m transformer_jax.main --config="$config_file:$row" "${extra[@]}" --mode=compile
-         --config.compile.topology="${ACCELERATOR_TYPE:-v4-8}")
-    if [[ $dry_run == 1 ]]; then
-      printf '%q ' "${cmd[@]}"
-      echo
-    elif ! "${cmd[@]}"; then
+    if ! DRY_RUN=$dry_run PYTHON=$PYTHON launch/tpu_vm.sh check --config="$config_file:$row" "${extra[@]}"; then
       echo "row $row does not fit ${ACCELERATOR_TYPE:-v4-8} or did not compile: nothing launched" \
         "(--skip-compile-check launches anyway)" >&2
       exit 1
@@ -123,7 +130,9 @@ for row in "${rows[@]}"; do
     case "$launcher" in
       local) cmd=("$PYTHON" -m transformer_jax.main "${args[@]}") ;;
       slurm) cmd=(sbatch --job-name="table3-$run_name" launch/slurm.sbatch "${args[@]}") ;;
-      tpu) cmd=(env TPU_NAME="${TPU_PREFIX:-table3}-${run_name,,}" launch/tpu_vm.sh run "${args[@]}") ;;
+      # Cloud TPU names take lowercase letters, digits and hyphens: base.seed1 runs on table3-base-seed1.
+      tpu) cmd=(env TPU_NAME="${TPU_PREFIX:-table3}-${run_name,,}" launch/tpu_vm.sh run "${args[@]}")
+           cmd[1]=${cmd[1]//./-} ;;
     esac
     if [[ $dry_run == 1 ]]; then
       printf '%q ' "${cmd[@]}"

@@ -5,18 +5,21 @@
 #   TPU_NAME=mt-base ZONE=us-central2-b launch/tpu_vm.sh run \
 #       --config=configs/base.py --workdir=gs://BUCKET/runs/base
 #   TPU_NAME=mt-base ZONE=us-central2-b launch/tpu_vm.sh delete
+#   ACCELERATOR_TYPE=v5e-8 launch/tpu_vm.sh check --config=configs/big.py
 #
+# check:  compiles the train step of the run's flags (--config=... and overrides) for ACCELERATOR_TYPE here,
+#         with the TPU compiler (`--mode=compile --config.compile.topology=...`, --workdir left out so nothing
+#         is written; needs `pip install -e '.[tpu]'` on this machine, minutes on a laptop); exits 1 when the
+#         step does not fit the chips or does not compile. Needs neither TPU_NAME nor ZONE.
 # create: makes the VM, copies this repository to every worker and installs it with jax[tpu]. Given the run's
-#         flags (--config=... and overrides), it first compiles that train step for ACCELERATOR_TYPE here, with
-#         the TPU compiler (`--mode=compile --config.compile.topology=...`; needs `pip install -e '.[tpu]'`
-#         on this machine, minutes on a laptop), and creates nothing when the step does not fit the chips.
+#         flags, it runs `check` first and creates nothing when the step does not fit.
 # run:    runs `python3 -m transformer_jax.main --multihost ARGS...` on all workers at once (--worker=all),
 #         the same command everywhere; jax.distributed finds the other workers through the TPU metadata.
 #         On a slice of several hosts the workdir must be shared storage (gs://...): every process writes its
 #         checkpoint shards there and reads the vocabulary that process 0 trains.
 # delete: deletes the VM.
 #
-# Environment: TPU_NAME (required), ZONE (required), ACCELERATOR_TYPE (create; default v4-8),
+# Environment: TPU_NAME and ZONE (required but for check), ACCELERATOR_TYPE (check, create; default v4-8),
 # RUNTIME_VERSION (create; default tpu-ubuntu2204-base), PROJECT (optional, else gcloud's default),
 # SPOT=1 (create a preemptible Spot VM), REMOTE_DIR (default transformer_jax), DRY_RUN=1 (print the
 # gcloud and compile commands instead of running them), SKIP_COMPILE_CHECK=1 (create without compiling), PYTHON
@@ -25,21 +28,23 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: TPU_NAME=... ZONE=... $0 {create|run|delete} [transformer_jax.main flags for create and run]" >&2
+  echo "usage: TPU_NAME=... ZONE=... $0 {check|create|run|delete} [transformer_jax.main flags for check, create and run]" >&2
   exit 2
 }
 
 [[ $# -ge 1 ]] || usage
 action=$1
 shift
-: "${TPU_NAME:?set TPU_NAME}"
-: "${ZONE:?set ZONE}"
+if [[ $action != check ]]; then
+  : "${TPU_NAME:?set TPU_NAME}"
+  : "${ZONE:?set ZONE}"
+fi
 ACCELERATOR_TYPE=${ACCELERATOR_TYPE:-v4-8}
 RUNTIME_VERSION=${RUNTIME_VERSION:-tpu-ubuntu2204-base}
 REMOTE_DIR=${REMOTE_DIR:-transformer_jax}
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-common=(--zone="$ZONE")
+common=(--zone="${ZONE:-}")
 if [[ -n "${PROJECT:-}" ]]; then
   common+=(--project="$PROJECT")
 fi
@@ -61,9 +66,15 @@ on_all_workers() {
 # Compiles the train step of the given main flags for ACCELERATOR_TYPE on this machine (--workdir left out:
 # the check writes nothing); exits when it does not fit or fails.
 compile_check() {
-  local flags=() arg
+  local flags=() skip_next=0 arg
   for arg in "$@"; do
-    [[ $arg == --workdir=* ]] || flags+=("$arg")
+    if [[ $skip_next == 1 ]]; then
+      skip_next=0
+    elif [[ $arg == --workdir ]]; then
+      skip_next=1
+    elif [[ $arg != --workdir=* ]]; then
+      flags+=("$arg")
+    fi
   done
   local cmd=("${PYTHON:-python3}" -m transformer_jax.main "${flags[@]}" --mode=compile
              --config.compile.topology="$ACCELERATOR_TYPE")
@@ -71,13 +82,17 @@ compile_check() {
     printf '%q ' "${cmd[@]}"
     echo
   elif ! (cd "$REPO_ROOT" && "${cmd[@]}"); then
-    echo "not creating $TPU_NAME: the step above does not fit $ACCELERATOR_TYPE or did not compile" \
+    echo "the step above does not fit $ACCELERATOR_TYPE or did not compile${TPU_NAME:+: not creating $TPU_NAME}" \
       "(SKIP_COMPILE_CHECK=1 creates it anyway)" >&2
     exit 1
   fi
 }
 
 case "$action" in
+  check)
+    [[ $# -ge 1 ]] || usage
+    compile_check "$@"
+    ;;
   create)
     if [[ $# -gt 0 && "${SKIP_COMPILE_CHECK:-0}" != 1 ]]; then
       compile_check "$@"

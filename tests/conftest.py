@@ -22,8 +22,10 @@ from jax.experimental.compilation_cache import compilation_cache  # pylint: disa
 import pytest  # pylint: disable=g-import-not-at-top
 
 import tiny_runs  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from transformer_jax import logs  # pylint: disable=g-import-not-at-top
 
 jax.config.update('jax_numpy_rank_promotion', 'raise')
+logs.quiet_libtpu()  # With the tpu extra on a CPU machine: the CPU backend, without libtpu's start-up errors.
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -239,7 +239,7 @@ def test_load_run_and_sentence_attention(tmp_path):
 
   # On its own translation: the maps' target rows are BOS and the pieces of what the model wrote.
   hypothesis, own = inspection.translation_attention(run, 'the dog runs', beam_size=2)
-  assert hypothesis == inspection.translate(run, 'the dog runs', beam_size=2)
+  assert hypothesis == inspection.translate_sentence(run, 'the dog runs', beam_size=2)
   forced = inspection.sentence_attention(run, 'the dog runs', hypothesis)
   assert own.target_labels == forced.target_labels and own.target_labels[0] == '<s>'
   np.testing.assert_array_equal(own.encoder_decoder, forced.encoder_decoder)

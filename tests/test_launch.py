@@ -101,8 +101,9 @@ def test_tpu_launchers_stop_before_creating_or_launching_when_a_step_does_not_fi
   result = run(['bash', 'launch/tpu_vm.sh', 'create', '--config=configs/big.py', '--workdir=gs://b/big'], env,
                check=False)
   assert result.returncode == 1 and 'not creating mt' in result.stderr and 'gcloud' not in result.stdout
+  run(['bash', 'launch/tpu_vm.sh', 'check', '--config=configs/big.py', '--workdir', 'gs://b/big'], env, check=False)
   # The check compiled the run's config for the slice, without its workdir (it writes nothing).
-  assert (tmp_path / 'python_args').read_text().splitlines() == [
+  assert (tmp_path / 'python_args').read_text().splitlines() == 2 * [  # Both spellings of --workdir left out.
       '-m', 'transformer_jax.main', '--config=configs/big.py', '--mode=compile', '--config.compile.topology=v5e-8']
   result = run(['bash', 'launch/sweep_table3.sh', '--launcher=tpu', 'A1', 'B1'], env, check=False)
   assert result.returncode == 1 and 'row A1 does not fit v5e-8' in result.stderr and 'gcloud' not in result.stdout

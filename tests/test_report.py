@@ -99,31 +99,33 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
     writer.add_scalar('eval/perplexity', perplexity, step)
   writer.close()
   (runs / 'base' / 'checkpoints' / '500').mkdir(parents=True)
-  assert report.archive(runs, tmp_path / 'archive') == ['A1', 'base']
+  assert report.archive(runs, tmp_path / 'archive') == ['base']  # A1 could not resume without checkpoints.
   curves = json.loads((tmp_path / 'archive' / 'base' / 'curves.json').read_text())
   assert curves == {'eval/perplexity': [[250, 60.0], [500, 20.0]]}
   assert not (tmp_path / 'archive' / 'base' / 'checkpoints').exists()
   report.write_report(runs, ROWS_FILE)
   report.write_report(tmp_path / 'archive', ROWS_FILE)
-  rows = lambda d: json.loads((d / 'table3.json').read_text())['rows']
-  assert rows(runs) == rows(tmp_path / 'archive')  # The same table from kilobytes.
+  rows = lambda d: [r for r in json.loads((d / 'table3.json').read_text())['rows'] if r['status'] == 'finished']
+  assert rows(runs) == rows(tmp_path / 'archive')  # The same lines from kilobytes.
 
 
 def test_findings_get_a_verdict_in_units_of_bases_noise(tmp_path):
   for seed, (perplexity, bleu) in enumerate(((9.0, 30.0), (9.2, 31.0), (9.4, 32.0))):  # σ: 0.2 and 1.0.
     fake_run(tmp_path / ('base' if seed == 0 else f'base.seed{seed}'), 'base', finished(perplexity) | {
         'validation_bleu': bleu})
-  for row, perplexity, bleu in (('A1', 9.5, 28.0), ('B1', 9.3, 30.5), ('D3', 8.5, 33.0), ('E', 9.1, 31.5)):
+  for row, perplexity, bleu in (('A1', 9.5, 28.0), ('B1', 9.3, 30.5), ('D3', 8.5, 33.5), ('E', 9.1, 31.5)):
     fake_run(tmp_path / row, row, finished(perplexity) | {'validation_bleu': bleu})
   text = report.write_report(tmp_path, ROWS_FILE)
   results = {(r['row'], r['metric']): r for r in json.loads((tmp_path / 'table3.json').read_text())['verdicts']}
-  one_head = results[('A1', 'dev_bleu')]  # 28 against base's 31 (A2-A4 not run): 3 σ worse, as the paper says.
-  assert one_head['reference'] == 'base' and one_head['z'] == pytest.approx(-3.0) and one_head['verdict'] == 'holds'
-  assert results[('B1', 'dev_bleu')]['verdict'] == 'within noise'       # Half a σ.
-  assert results[('D3', 'dev_perplexity')]['verdict'] == 'holds'         # Without smoothing: 3.5 σ lower.
-  assert results[('D3', 'dev_bleu')]['verdict'] == 'reversed'            # ... and BLEU 2 σ higher, not lower.
+  # One run against base's mean of three: the difference's σ is 1.0 * sqrt(1 + 1/3) = 1.155 BLEU.
+  one_head = results[('A1', 'dev_bleu')]  # 28 against base's 31 (A2-A4 not run): 2.6 of those worse.
+  assert one_head['reference'] == 'base' and one_head['sigma'] == pytest.approx((4 / 3)**0.5)
+  assert one_head['z'] == pytest.approx(-3 / (4 / 3)**0.5) and one_head['verdict'] == 'holds'
+  assert results[('B1', 'dev_bleu')]['verdict'] == 'within noise'       # 0.4.
+  assert results[('D3', 'dev_perplexity')]['verdict'] == 'holds'         # Without smoothing: 3.0 lower.
+  assert results[('D3', 'dev_bleu')]['verdict'] == 'reversed'            # ... and BLEU 2.2 higher, not lower.
   assert results[('E', 'dev_bleu')]['verdict'] == 'holds'                # Learned positions: within noise.
-  assert results[('C1', 'dev_bleu')]['verdict'] == 'not run'
+  assert results[('C1', 'dev_perplexity')]['verdict'] == 'not run'
   assert "The paper's findings, tested" in text and '| A (§6.2) ' in text
 
 
@@ -176,8 +178,11 @@ def test_sweep_seeds_train_a_row_again_in_its_own_workdir(tmp_path):
   for seed, line in zip((1, 2), lines):
     assert f'--workdir={tmp_path}/base.seed{seed} ' in line
     assert f'--config.train.seed={seed} --config.data.shuffle_seed={seed} ' in line
-  bad = run_sweep(tmp_path, '--dry-run', '--seeds=1,x', 'base')
-  assert bad.returncode == 2 and "--seeds takes non-negative integers" in bad.stderr
+  for seeds, message in (('1,x', 'takes non-negative integers'), ('1,01', 'names seed 1 twice'), ('', 'is empty')):
+    bad = run_sweep(tmp_path, '--dry-run', f'--seeds={seeds}', 'base')
+    assert bad.returncode == 2 and f'--seeds {message}' in bad.stderr
+  tpu = run_sweep(tmp_path, '--dry-run', '--launcher=tpu', '--skip-compile-check', '--seeds=2', 'base').stdout
+  assert tpu.startswith('env TPU_NAME=table3-base-seed2 launch/tpu_vm.sh run ')  # No dot in a TPU name.
 
 
 @pytest.mark.parametrize('row', list(table3_multi30k.ROWS))

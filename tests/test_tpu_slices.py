@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from transformer_jax import aot
+from transformer_jax import memory
 from transformer_jax import tpu_slices
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -73,6 +74,35 @@ def test_find_fit_tries_grad_accum_then_fsdp_and_stops_at_the_first_fit(monkeypa
   tried.clear()
   monkeypatch.setattr(aot, '_compile_on_slice', lambda *args: fake_compile(*args) | {'fits': False})
   assert aot.find_fit(config, tpu_slices.parse('v5e-4'), devices=[None] * 4) is None and len(tried) == 3
+
+
+def test_find_fit_resolves_a_mesh_axis_of_minus_one():
+  config = tiny.get_config()  # 8 rows at the longest bucket.
+  config.mesh.update(data=2, fsdp=-1, tensor=1)  # fsdp=4: 8 shards of one row each, no room for micro-batches.
+  assert aot._candidates(config, 8) == [{'mesh.fsdp': 8, 'mesh.data': -1}]
+  config.mesh.update(data=-1, fsdp=1, tensor=2)  # 4 data shards: 2 rows each, fsdp up to 4.
+  assert aot._candidates(config, 8) == [{'train.grad_accum_steps': 2}, {'mesh.fsdp': 2, 'mesh.data': -1},
+                                        {'mesh.fsdp': 4, 'mesh.data': -1}]
+
+
+def test_compile_mode_exits_through_does_not_fit_after_the_report(monkeypatch, capsys):
+  config = tiny.get_config()
+  config.compile.topology = 'v5e-4'
+  figures = {'slice': 'v5e-4', 'hbm_bytes': 16 * 2**30, 'fits': False,
+             'fit': {'overrides': {'mesh.fsdp': 2, 'mesh.data': -1}, 'total_in_bytes': 2**30, 'compile_seconds': 1.0}}
+  monkeypatch.setattr(aot, 'compile_for_slice', lambda config: figures)
+  monkeypatch.setattr(aot, 'format_report', lambda figures: 'REPORT')
+  with pytest.raises(memory.DoesNotFitError, match=r'does not fit the chips of v5e-4 \(16 GiB of HBM each\): '
+                                                   r'--config.mesh.fsdp=2 --config.mesh.data=-1 fits'):
+    aot.compile_only(config, None)
+  assert capsys.readouterr().out.startswith('REPORT')  # The report comes first.
+
+
+def test_multi_host_slices_split_into_hosts_of_the_chips_host_bounds():
+  assert tpu_slices.parse('v5e-8').chips_per_host == (2, 4, 1)     # One host holds v5e-8.
+  assert tpu_slices.parse('v5e-64').chips_per_host == (2, 4, 1)    # Eight hosts of 8 chips.
+  assert tpu_slices.parse('v4-8').chips_per_host == (2, 2, 1)      # One host of 4 chips.
+  assert tpu_slices.parse('v4-128').chips_per_host == (2, 2, 1)    # Sixteen hosts of 4 chips.
 
 
 def test_roofline_takes_the_slower_of_compute_and_hbm():

@@ -153,13 +153,14 @@ def _compile_on_slice(config, slice_: tpu_slices.Slice, devices) -> dict[str, An
 
 def _candidates(config, num_devices: int) -> list[dict[str, int]]:
   """Settings to try, least disruptive first: train.grad_accum_steps 2, 4, ... while each data shard keeps a
-  row per micro-batch, then mesh.fsdp 2, 4, ... up to every device (the others on mesh.data)."""
+  real (not padding) row per micro-batch, then mesh.fsdp 2, 4, ... up to every device outside mesh.tensor (the
+  others on mesh.data)."""
   rows = memory.largest_batch_shape(config.data, 1)[0]
-  data_shards = num_devices // config.mesh.tensor
+  data, fsdp, tensor = sharding.mesh_shape(config.mesh, num_devices)
   powers = [2**i for i in range(1, 17)]
   return ([{'train.grad_accum_steps': g} for g in powers
-           if config.train.grad_accum_steps < g <= -(-rows // data_shards)]
-          + [{'mesh.fsdp': f, 'mesh.data': -1} for f in powers if config.mesh.fsdp < f <= data_shards])
+           if config.train.grad_accum_steps < g <= -(-rows // (data * fsdp))]
+          + [{'mesh.fsdp': f, 'mesh.data': -1} for f in powers if fsdp < f <= num_devices // tensor])
 
 
 def find_fit(config, slice_: tpu_slices.Slice, devices) -> dict[str, Any] | None:

@@ -57,6 +57,7 @@ def main(argv) -> None:
   del argv
   from transformer_jax import logs  # pylint: disable=g-import-not-at-top
   logs.quiet_libraries()
+  logs.quiet_libtpu()
   workdir = os.path.abspath(flags.FLAGS.workdir)
   train_tiny_run(workdir, flags.FLAGS.corpus, flags.FLAGS.num_train_steps)
   print(f'The demo run is in {workdir} ({flags.FLAGS.num_train_steps} steps of configs/tiny.py). Next:\n'

@@ -223,7 +223,7 @@ def sentence_attention(run: Run, source: str, target: str) -> AttentionMaps:
                         pieces.id_to_piece(source_ids), pieces.id_to_piece(target_ids))
 
 
-def translate(run: Run, source: str, beam_size: int | None = None) -> str:
+def translate_sentence(run: Run, source: str, beam_size: int | None = None) -> str:
   """The run's own translation of `source` (raw text), decoded as evaluation does: beam search with the run's
   decode.beam_size (or `beam_size`; 1 is greedy), decode.alpha and decode.extra_length (§6.1)."""
   source_ids = run.tokenizer.encode([source])[0] + [tokenizer_lib.EOS_ID]
@@ -237,9 +237,9 @@ def translate(run: Run, source: str, beam_size: int | None = None) -> str:
 
 def translation_attention(run: Run, source: str, beam_size: int | None = None) -> tuple[str, AttentionMaps]:
   """(the run's translation of `source`, the attention weights while it produced it): `sentence_attention` on
-  its own output (`translate`) instead of a reference, so the maps show what the model attended to when it chose
-  each word."""
-  hypothesis = translate(run, source, beam_size)
+  its own output (`translate_sentence`) instead of a reference, so the maps show what the model attended to
+  when it chose each word."""
+  hypothesis = translate_sentence(run, source, beam_size)
   return hypothesis, sentence_attention(run, source, hypothesis)
 
 

@@ -69,6 +69,7 @@ def main(argv):
     SystemExit: naming the flag, for a mode that needs --workdir without one.
   """
   logs.quiet_libraries()
+  logs.quiet_libtpu()
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, mode, workdir = flags.FLAGS.config, flags.FLAGS.mode, flags.FLAGS.workdir

@@ -125,10 +125,11 @@ def run_record(row: str, workdir: pathlib.Path, note: str, paper: dict | None) -
 
 
 def seed_of(name: str, row: str) -> int | None:
-  """The seed of workdir `name` for `row` (0 for `<row>`, k for `<row>.seed<k>`), or None if not that row's."""
+  """The seed of workdir `name` for `row` (0 for `<row>`, k > 0 for `<row>.seed<k>`, written without leading
+  zeros as the sweep writes it), or None if not that row's."""
   if name == row:
     return 0
-  match = re.fullmatch(re.escape(row + SEED_SUFFIX) + r'(\d+)', name)
+  match = re.fullmatch(re.escape(row + SEED_SUFFIX) + r'([1-9]\d*)', name)
   return int(match[1]) if match else None
 
 
@@ -220,14 +221,18 @@ NOISE_UNITS = 2.0  # A difference below this many of base's standard deviations 
 def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   """Tests the paper's findings (a rows file's FINDINGS) on the records: one verdict per comparison.
 
-  Each check compares a row with the best of its reference rows on one metric, in units of base's standard
-  deviation over seeds (σ): `holds` when the difference is at least NOISE_UNITS σ in the expected direction
-  (or below it, for 'same'), `reversed` when it is that large the other way ('differs' for 'same'), `within
-  noise` otherwise; `no noise estimate` while base has fewer than two seeds, `not run` while a row is missing.
+  Each check compares a row's mean over its seeds with the best of its reference rows on one metric. The noise
+  is base's standard deviation over seeds (σ, one run's); the difference of a mean of n_row runs and one of
+  n_ref runs has the standard deviation σ·sqrt(1/n_row + 1/n_ref), and z is the difference in those units.
+  `holds` when z is at least NOISE_UNITS in the expected direction (or below it, for 'same'), `reversed` when
+  it is that large the other way ('differs' for 'same'), `within noise` otherwise; `no noise estimate` while
+  base has fewer than two seeds, `not run` while a row is missing. Taking the best of several reference rows
+  favours the reference: a 'worse' verdict against it is easier to reach than against one chosen in advance.
 
   Returns:
     One dict per check: finding, section, quote, claim, row, reference (the best reference row), metric, value,
-    reference_value, difference, sigma, z (difference / sigma, signed so that positive is better) and verdict.
+    reference_value, difference, sigma (of the difference), z (difference / sigma, signed so that positive is
+    better) and verdict.
   """
   by_row = {r['row']: r for r in records}
   base = by_row.get('base', {})
@@ -240,16 +245,18 @@ def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any
       value = by_row.get(row, {}).get(metric)
       result = dict(finding=finding['finding'], section=finding['section'], quote=finding['quote'], claim=claim,
                     row=row, reference=best, metric=metric, value=value,
-                    reference_value=by_row[best][metric] if best else None, difference=None,
-                    sigma=base.get(f'{metric}_std'), z=None)
+                    reference_value=by_row[best][metric] if best else None, difference=None, sigma=None, z=None)
       if value is None or best is None:
         out.append(result | {'verdict': 'not run'})
         continue
       result['difference'] = value - result['reference_value']
       sign = 1.0 if higher_is_better else -1.0
-      if not result['sigma']:
+      run_sigma = base.get(f'{metric}_std')
+      if not run_sigma:
         out.append(result | {'verdict': 'no noise estimate'})
         continue
+      seeds = lambda r: max(by_row[r].get('seeds') or 1, 1)
+      result['sigma'] = run_sigma * math.sqrt(1 / seeds(row) + 1 / seeds(best))
       z = sign * result['difference'] / result['sigma']
       if expected == 'same':
         verdict = 'holds' if abs(z) < NOISE_UNITS else 'differs'
@@ -266,7 +273,7 @@ def verdict_markdown(results: Sequence[dict[str, Any]]) -> str:
   rows = [[f"{r['finding']} ({r['section']})", r['claim'],
            f"{r['row']} {_cell(r['value'])} vs {r['reference'] or '–'} {_cell(r['reference_value'])}",
            r['metric'].replace('_', ' '), _cell(r['sigma']), _cell(r['z']), r['verdict']] for r in results]
-  return tabulate.tabulate(rows, headers=['finding', 'claim', 'figures', 'metric', 'σ (base seeds)', 'z',
+  return tabulate.tabulate(rows, headers=['finding', 'claim', 'figures', 'metric', 'σ of the difference', 'z',
                                           'verdict'], tablefmt='github', disable_numparse=True) + '\n'
 
 
@@ -327,7 +334,8 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   text = markdown(records)
   findings = verdicts(records, getattr(rows_module, 'FINDINGS', ()))
   if findings:
-    text += f'\nThe paper\'s findings, tested (σ: base\'s standard deviation over seeds):\n\n{verdict_markdown(findings)}'
+    text += ('\nThe paper\'s findings, tested (z: the difference in standard deviations of a difference of means, '
+             f'from base\'s seeds):\n\n{verdict_markdown(findings)}')
   rho, count = rank_correlation(records)
   bleu_rho, bleu_count = rank_correlation(records, 'dev_bleu', 'paper_bleu_dev')
   nan_to_none = lambda x: None if math.isnan(x) else x
@@ -348,17 +356,18 @@ ARCHIVED_CURVES = ('eval/perplexity', 'eval/nll', 'eval/bleu', 'train/nll', 'tra
 
 
 def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[str]) -> list[str]:
-  """Copies each run's record under `directory` into `archive_dir/<run>/`: the files the report reads and a
-  `curves.json` ({tag: [[step, value], ...]}) of its TensorBoard curves, kilobytes per run instead of its
-  checkpoints. A report of `archive_dir` gives the same table; copied back into a sweep's directory, finished
-  runs are skipped (`launch/sweep_table3.sh` resumes from `final_metrics.json`).
+  """Copies each finished run's record under `directory` into `archive_dir/<run>/`: the files the report reads
+  and a `curves.json` ({tag: [[step, value], ...]}) of its TensorBoard curves, kilobytes per run instead of its
+  checkpoints. A report of `archive_dir` gives the same lines for those runs; copied back into a sweep's
+  directory, they are skipped (`launch/sweep_table3.sh` resumes from `final_metrics.json`). Unfinished runs are
+  left out: without their checkpoints they could not resume.
 
   Returns:
-    The names of the runs archived (those with a config.json).
+    The names of the runs archived (those with a final_metrics.json).
   """
   from transformer_jax import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for archiving)
   archived = []
-  for run in sorted(p for p in pathlib.Path(directory).iterdir() if (p / CONFIG_FILE).is_file()):
+  for run in sorted(p for p in pathlib.Path(directory).iterdir() if (p / METRICS_FILE).is_file()):
     target = pathlib.Path(archive_dir) / run.name
     target.mkdir(parents=True, exist_ok=True)
     for name in ARCHIVED_FILES:

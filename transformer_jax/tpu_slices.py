@@ -26,10 +26,11 @@ class Chip:
   Attributes:
     generation: 'v4', 'v5e', 'v5p' or 'v6e' (also the prefix of JAX's topology names).
     device_kind: `jax.Device.device_kind` of its devices.
-    hbm_bytes: high-bandwidth memory per chip, bytes.
+    hbm_bytes: high-bandwidth memory per chip, bytes (Google's "16 GB" read as GiB, as HBM is sized; the v5e
+      compiler reports 15.75 GiB of its 16 usable, and checks that limit itself).
     peak_flops: dense bf16 peak per chip, FLOP/s.
     hbm_bytes_per_second: HBM bandwidth per chip, bytes/s.
-    cores_per_name_unit: how many of the slice name's count make one chip (2 where names count TensorCores).
+    cores_per_chip: TensorCores per chip, which v4 and v5p slice names count (2; v5e and v6e names count chips).
     torus_dims: 3 (v4, v5p) or 2 (v5e, v6e).
     chip_config: libtpu's chip configuration ('megacore': both TensorCores as one device).
     host_bounds: the chips of one host (TPU VM) in a multi-host slice, as (x, y, z); only the processes'
@@ -41,7 +42,7 @@ class Chip:
   hbm_bytes: int
   peak_flops: float
   hbm_bytes_per_second: float
-  cores_per_name_unit: int
+  cores_per_chip: int
   torus_dims: int
   chip_config: str
   host_bounds: tuple[int, int, int]
@@ -72,19 +73,23 @@ _SHAPES_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
-  """A TPU slice: `name` as given (e.g. 'v5e-8'), its chip, chip count and JAX topology name ('v5e:2x4')."""
+  """A TPU slice: `name` as given (e.g. 'v5e-8'), its chip, chip count, torus shape ((2, 4)) and JAX topology
+  name ('v5e:2x4')."""
   name: str
   chip: Chip
   num_chips: int
-  topology: str
+  shape: tuple[int, ...]
+
+  @property
+  def topology(self) -> str:
+    return f'{self.chip.generation}:{"x".join(map(str, self.shape))}'
 
   @property
   def chips_per_host(self) -> tuple[int, int, int]:
     """The chips of one host: all of a single-host slice (up to 4 chips of v4/v5p, 8 of v5e/v6e), else the
     chip's `host_bounds`."""
-    dims = tuple(int(d) for d in self.topology.split(':')[1].split('x'))
     single_host = 4 if self.chip.torus_dims == 3 else 8
-    return (*dims, 1)[:3] if self.num_chips <= single_host else self.chip.host_bounds
+    return (*self.shape, 1)[:3] if self.num_chips <= single_host else self.chip.host_bounds
 
 
 def known_slices() -> list[str]:
@@ -92,7 +97,7 @@ def known_slices() -> list[str]:
   names = []
   for generation, chip in CHIPS.items():
     shapes = _SHAPES_3D if chip.torus_dims == 3 else _SHAPES_2D
-    names += [f'{generation}-{chips * chip.cores_per_name_unit}' for chips in shapes]
+    names += [f'{generation}-{chips * chip.cores_per_chip}' for chips in shapes]
   return names
 
 
@@ -106,11 +111,11 @@ def parse(name: str) -> Slice:
   generation = _ALIASES.get(generation, generation)
   chip = CHIPS.get(generation)
   shapes = (_SHAPES_3D if chip.torus_dims == 3 else _SHAPES_2D) if chip else {}
-  chips = int(count) // chip.cores_per_name_unit if chip and count.isdigit() else None
-  if chips not in shapes or int(count) % chip.cores_per_name_unit:
+  chips = int(count) // chip.cores_per_chip if chip and count.isdigit() else None
+  if chips not in shapes or int(count) % chip.cores_per_chip:
     raise ValueError(f'compile.topology={name!r} is not a known TPU slice; known: {", ".join(known_slices())} '
                      '(v4 and v5p count TensorCores, two per chip; v5e, alias v5litepod, and v6e count chips)')
-  return Slice(name, chip, chips, f'{generation}:{"x".join(map(str, shapes[chips]))}')
+  return Slice(name, chip, chips, shapes[chips])
 
 
 class LibtpuMissingError(RuntimeError):
@@ -130,8 +135,9 @@ def devices(slice_: Slice) -> list[jax.Device]:
     raise LibtpuMissingError(
         f'compiling for {slice_.name} needs the TPU compiler (libtpu), which is not installed: '
         "pip install -e '.[tpu]' (any machine: it compiles without a TPU)") from None
-  # libtpu reads these when it loads; on a machine that is not a TPU VM, set them to the slice compiled for
-  # (its start-up otherwise logs that it could not determine them). A real TPU VM's values are kept.
+  # libtpu reads these once, when it loads; on a machine that is not a TPU VM they only quiet its start-up
+  # (which otherwise logs that it could not determine them), whatever slice is compiled for later. A real TPU
+  # VM's values are kept.
   os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
   os.environ.setdefault('TPU_ACCELERATOR_TYPE', slice_.name)
   os.environ.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
