@@ -96,7 +96,7 @@ def test_encoder_attention_matches_a_numpy_recomputation(tiny):
 
 def test_fused_config_gives_the_same_maps_and_training_path_sows_nothing(tiny):
   cfg, params, maps = tiny
-  fused_cfg = model_lib.ModelConfig(vocab_size=64, attention_impl='fused', **TINY)
+  fused_cfg = model_lib.ModelConfig(**(TINY | dict(vocab_size=64, attention_impl='fused')))
   fused = inspection.attention_maps(fused_cfg, params, SOURCE, DECODER_INPUT)
   np.testing.assert_array_equal(fused.encoder_decoder, maps.encoder_decoder)
   # The maps (computed on the einsum path, since the fused kernel returns no weights) describe the fused model
