@@ -82,6 +82,7 @@ class Slice:
 
   @property
   def topology(self) -> str:
+    """JAX's (libtpu's) name of the slice's topology, e.g. 'v5e:2x4' or 'v4:2x2x1'."""
     return f'{self.chip.generation}:{"x".join(map(str, self.shape))}'
 
   @property
