@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax import experiment
+from transformer_jax import config_checks
+
 from transformer_jax import input_pipeline
 from transformer_jax import multi30k
 from transformer_jax import tokenizer as tokenizer_lib
@@ -381,7 +382,7 @@ def test_load_split_text_files(tmp_path, caplog):
                      'data.test_files'):
     input_pipeline.load_split(data, 'test')
   with pytest.raises(ValueError, match='in data.test_files'):  # The start-up check parses it the same way.
-    experiment.check_data_files(data, (data.test_split,))
+    config_checks.check_data_files(data, (data.test_split,))
   with pytest.raises(ValueError, match="Split 'dev' is none of"):
     input_pipeline.load_split(data, 'dev')
 

@@ -9,7 +9,7 @@ import pytest
 from configs import base
 from configs import table3
 from configs import table3_multi30k
-from transformer_jax import experiment
+from transformer_jax import config_checks
 from transformer_jax import model as model_lib
 from transformer_jax import translation
 
@@ -25,17 +25,17 @@ def test_learned_positions_must_cover_the_longest_decode_in_config_validation():
   config.model.position_embedding = 'learned'  # Table of 256 rows; decoding reaches 256 + 50.
   with pytest.raises(ValueError, match=r'data\.max_length \+ decode\.extra_length must be <= '
                                        r'model\.max_length=256 with learned positions .*got 306'):
-    experiment.validate_config(config)
+    config_checks.validate_config(config)
   config.model.max_length = 306
-  experiment.validate_config(config)
+  config_checks.validate_config(config)
   config.model.position_embedding = 'sinusoidal'  # No table: any length.
   config.model.max_length = 8
-  experiment.validate_config(config)
+  config_checks.validate_config(config)
 
 
 @pytest.mark.parametrize('module', [table3, table3_multi30k])
 def test_table3_row_e_passes_the_check(module):
-  experiment.validate_config(module.get_config('E'))
+  config_checks.validate_config(module.get_config('E'))
 
 
 @pytest.mark.parametrize('cache_stages', [(4,), ()])

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import evaluate
+from transformer_jax import config_checks
 from transformer_jax import experiment
 from transformer_jax import train
 from transformer_jax import workdir as workdir_lib
@@ -252,9 +253,9 @@ def test_bpe_dropout_needs_a_bpe_vocabulary(corpus):
   config.data.update(tokenizer_model_type='unigram', bpe_dropout_rate=0.1)
   with pytest.raises(ValueError, match=r"data\.bpe_dropout_rate must be 0 unless "
                                        r"data\.tokenizer_model_type='bpe', got 0\.1"):
-    experiment.validate_config(config)
+    config_checks.validate_config(config)
   config.data.tokenizer_model_type = 'bpe'
-  experiment.validate_config(config)
+  config_checks.validate_config(config)
 
 
 @pytest.mark.parametrize(('section', 'key', 'value', 'stored'), [
@@ -293,11 +294,11 @@ def test_evaluate_and_translate_start_from_the_runs_config(tmp_path, corpus, ref
   for mode in ('evaluate', 'translate'):
     with pytest.raises(FileNotFoundError, match=rf'--mode={mode}: {re.escape(str(empty))}/config.json does not '
                                                  'exist'):
-      experiment.config_for_mode(text_config(corpus), str(empty), mode)
+      config_checks.config_for_mode(text_config(corpus), str(empty), mode)
   assert not list(empty.iterdir())
   config = text_config(corpus)
   config.decode.beam_size, config.train.warmup_steps, config.model.dropout_rate = 7, 999, 0.3
-  resolved = experiment.config_for_mode(config, str(reference_run.workdir), 'evaluate')
+  resolved = config_checks.config_for_mode(config, str(reference_run.workdir), 'evaluate')
   stored = workdir_lib.load_config(reference_run.workdir)
   assert resolved.decode.beam_size == 7  # Decoding fields come from the command line,
   assert resolved.train.warmup_steps == stored.train.warmup_steps  # training's do not,
@@ -305,7 +306,7 @@ def test_evaluate_and_translate_start_from_the_runs_config(tmp_path, corpus, ref
   config.model.d_model = 64
   with pytest.raises(ValueError, match=r'--mode=translate: model.d_model=64 differs from the run in .*'
                                        r'\(model.d_model=32 in .*config.json\); only decoding and evaluation'):
-    experiment.config_for_mode(config, str(reference_run.workdir), 'translate')
+    config_checks.config_for_mode(config, str(reference_run.workdir), 'translate')
 
 
 def test_translate_on_an_empty_workdir_fails_before_writing(tmp_path, corpus, compilation_cache_dir):
@@ -442,16 +443,16 @@ def test_a_run_trained_before_new_config_fields_still_evaluates(tmp_path, corpus
     del stored['data'][key]
   (workdir / 'config.json').write_text(json.dumps(stored))
   for config in (text_config(corpus), workdir_lib.get_config(str(workdir))):  # --config given, or left out.
-    resolved = experiment.config_for_mode(config, str(workdir), 'evaluate')
+    resolved = config_checks.config_for_mode(config, str(workdir), 'evaluate')
     assert resolved.data.tokenizer_seed == 0 and resolved.data.tokenizer_normalization == 'nmt_nfkc'
-    experiment.validate_config(resolved)
+    config_checks.validate_config(resolved)
 
 
 def test_mode_evaluate_writes_a_new_folder_and_leaves_the_runs_files(tmp_path, corpus, reference_run):
   workdir = tmp_path / 'run'
   shutil.copytree(reference_run.workdir, workdir)
   before = snapshot(workdir)
-  config = experiment.config_for_mode(text_config(corpus), str(workdir), 'evaluate')
+  config = config_checks.config_for_mode(text_config(corpus), str(workdir), 'evaluate')
   for _ in range(2):  # Twice, however close in time: two folders.
     results = evaluate.evaluate_checkpoint(config, str(workdir))
   folders = sorted((workdir / 'evaluations').iterdir())
@@ -476,7 +477,7 @@ def test_second_writer_stops_at_once_naming_the_holder(tmp_path, corpus, referen
       train.train_and_evaluate(config, str(workdir))
     assert snapshot(workdir) == before
     with pytest.raises(workdir_lib.WorkdirInUseError):  # An evaluation writes too.
-      evaluate.evaluate_checkpoint(experiment.config_for_mode(config, str(workdir), 'evaluate'), str(workdir))
+      evaluate.evaluate_checkpoint(config_checks.config_for_mode(config, str(workdir), 'evaluate'), str(workdir))
   assert not (workdir / workdir_lib.LOCK).exists()  # Released on exit.
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import evaluate
+from transformer_jax import config_checks
 from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -92,7 +93,7 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   monkeypatch.setattr(train, 'train_step', counting_train_step)
   config = tiny.get_config()
   config.data.vocab_size = VOCAB_SIZE
-  model_cfg = experiment.validate_config(config)
+  model_cfg = config_checks.validate_config(config)
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
   schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
@@ -276,4 +277,4 @@ def test_best_checkpoint_selection_needs_validation_bleu(corpus):
   config = text_config(corpus)
   config.eval.checkpoint_selection = 'best'
   with pytest.raises(ValueError, match=r'eval\.checkpoint_selection .*train\.eval_bleu_every_steps > 0'):
-    experiment.validate_config(config)
+    config_checks.validate_config(config)

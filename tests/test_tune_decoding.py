@@ -8,6 +8,7 @@ import pytest
 from tests import tiny_runs
 from transformer_jax import bleu
 from transformer_jax import evaluate
+from transformer_jax import config_checks
 from transformer_jax import experiment
 from transformer_jax import translation
 from transformer_jax import tune_decoding
@@ -19,7 +20,7 @@ def test_every_pair_of_the_grid_reaches_the_search_on_the_validation_split_only(
                                                                              monkeypatch):
   workdir = tmp_path / 'run'
   shutil.copytree(reference_run.workdir, workdir)
-  config = experiment.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
+  config = config_checks.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
   config.data.test_files = str(tmp_path / 'absent.en') + ',' + str(tmp_path / 'absent.de')  # Read: an error.
   searched, encoded = [], []
   translate, encode_split = translation.translate, experiment.encode_split
@@ -42,7 +43,7 @@ def test_every_pair_of_the_grid_reaches_the_search_on_the_validation_split_only(
 def test_rows_equal_the_evaluation_of_the_same_decoding(tmp_path, corpus, reference_run):
   workdir = tmp_path / 'run'
   shutil.copytree(reference_run.workdir, workdir)
-  config = experiment.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
+  config = config_checks.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
   row, = tune_decoding.tune_decoding(config, str(workdir), [2], [0.6])['rows']
   setup = experiment.setup(config, str(workdir), data_splits=(config.data.eval_split,))
   try:

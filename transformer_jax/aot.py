@@ -70,7 +70,7 @@ def compile_train_step(config, workdir: str | None = None, devices=None) -> tupl
     (`flops.train_step_flops`), collective counts and compile seconds).
 
   Raises:
-    ValueError: for a bad config value (see `experiment.validate_config`) or a mesh the model does not divide by.
+    ValueError: for a bad config value (see `config_checks.validate_config`) or a mesh the model does not divide by.
     CompilerOutOfMemoryError: when the compiler itself finds the step too large for a device (TPU).
   """
   setup = experiment.compute_setup(config, workdir, devices)  # Compile mode reads and writes nothing.

@@ -1,15 +1,14 @@
 """What every mode builds from the config before it trains, evaluates or translates (§5).
 
-`setup` checks everything that can be checked before a byte is written (the config values, the input files,
-that the workdir is writable and holds no incompatible run), then loads or trains the vocabulary and builds
-the mesh, model, optimiser and checkpoint manager. `TrainState` and its (sharded) creation live here too, so
+`setup` checks everything that can be checked before a byte is written (the config values and input files,
+through `config_checks`; that the workdir is writable and holds no incompatible run), then loads or trains the
+vocabulary and builds the mesh, model, optimiser and checkpoint manager. `TrainState` and its (sharded) creation live here too, so
 that `Setup.abstract_state` can describe a checkpoint without initialising one.
 """
 import contextlib
 import dataclasses
 import functools
 import hashlib
-import math
 from typing import Any, NamedTuple
 
 from absl import logging
@@ -22,12 +21,11 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
-from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import config_checks
 from transformer_jax import distributed
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
-from transformer_jax import multi30k
 from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import tokenizer as tokenizer_lib
@@ -92,157 +90,6 @@ def sharded_train_state(rng, model, tx, batch, mesh, rules) -> tuple[TrainState,
     state_sharding = sharding.logical_to_sharding(abstract, mesh, rules)
     state = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=state_sharding)(rng)
   return state, state_sharding
-
-
-def _require(ok: bool, key: str, value, allowed: str) -> None:
-  if not ok:
-    raise ValueError(f'{key} must be {allowed}, got {value!r}')
-
-
-def _is_positive_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def validate_config(config, num_devices: int | None = None) -> model_lib.ModelConfig:
-  """Checks every configuration value at start-up, in one place, before anything is read or written.
-
-  Input files are checked separately (`check_data_files`): compile and benchmark modes read none.
-
-  Args:
-    config: the ConfigDict (configs/base.py).
-    num_devices: the devices the mesh spans; `jax.device_count()` by default.
-
-  Returns:
-    The ModelConfig at the configured vocabulary size.
-
-  Raises:
-    ValueError: naming the first bad key, its value and what is allowed.
-  """
-  train_cfg, data_cfg, decode_cfg = config.train, config.data, config.decode
-  _validate_train(train_cfg)
-  _validate_data(data_cfg)
-  _require(_is_positive_int(decode_cfg.beam_size), 'decode.beam_size', decode_cfg.beam_size, 'an integer >= 1')
-  _require(math.isfinite(decode_cfg.alpha) and decode_cfg.alpha >= 0.0, 'decode.alpha', decode_cfg.alpha,
-           'a finite number >= 0')
-  _require(_is_positive_int(decode_cfg.extra_length), 'decode.extra_length', decode_cfg.extra_length,
-           'an integer >= 1')
-  _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
-           config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
-  _validate_selection(config.eval, train_cfg)
-  model_cfg = model_lib.ModelConfig(vocab_size=data_cfg.vocab_size, **config.model)  # Checks model.*.
-  _require(model_cfg.max_length >= data_cfg.max_length + decode_cfg.extra_length or model_cfg.position_embedding
-           != 'learned', 'data.max_length + decode.extra_length', data_cfg.max_length + decode_cfg.extra_length,
-           f'<= model.max_length={model_cfg.max_length} with learned positions (the longest decode)')
-  _check_mesh_divides_model(config, model_cfg, sharding.mesh_shape(config.mesh, num_devices or jax.device_count()),
-                            sharding.logical_axis_rules(config.mesh))
-  optim.make_optimizer(optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale),
-                       b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
-                       grad_clip_norm=train_cfg.grad_clip_norm)
-  return model_cfg
-
-
-def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_sizes, rules) -> None:
-  """Every model dimension split over mesh axes must divide by their size (checked before any write).
-
-  Raises:
-    ValueError: naming the model (or data) key and the mesh keys, e.g. model.num_heads=3 with mesh.tensor=2.
-  """
-  sizes = dict(zip(sharding.MESH_AXES, mesh_sizes))
-  dimensions = {  # Logical axis -> the config keys and values of the dimensions that carry it.
-      sharding.HEADS: [('model.num_heads', model_cfg.num_heads)],
-      sharding.KV_HEADS: [('model.num_kv_heads', model_cfg.key_value_heads)],
-      sharding.MLP: [('model.d_ff', model_cfg.d_ff)],
-      sharding.EMBED: [('model.d_model', model_cfg.d_model)],
-      sharding.KV: [('model.d_k', model_cfg.d_k), ('model.d_v', model_cfg.d_v)],
-      sharding.VOCAB: [('data.vocab_size', model_cfg.vocab_size)],
-  }
-  for name, axes in rules:
-    axes = axes if isinstance(axes, tuple) else (axes,)
-    axes = tuple(axis for axis in axes if axis is not None and sizes[axis] > 1)
-    split = math.prod(sizes[axis] for axis in axes)
-    for key, value in dimensions.get(name, []):
-      if split > 1 and value % split:
-        mesh_keys = ' x '.join(f'mesh.{axis}={sizes[axis]}' for axis in axes)
-        raise ValueError(f'{key}={value} does not divide by {mesh_keys} ({name!r} is split over '
-                         f'{axes} by mesh.logical_axis_rules): change {key} or the mesh')
-
-
-CHECKPOINT_SELECTIONS = ('average_last', 'best', 'average_best')
-
-
-def _validate_selection(eval_cfg, train_cfg) -> None:
-  _require(eval_cfg.checkpoint_selection in CHECKPOINT_SELECTIONS, 'eval.checkpoint_selection',
-           eval_cfg.checkpoint_selection, f'one of {CHECKPOINT_SELECTIONS}')
-  _require(_is_positive_int(eval_cfg.average_best_n), 'eval.average_best_n', eval_cfg.average_best_n,
-           'a positive integer')
-  _require(isinstance(eval_cfg.bleu_beam_size, int) and eval_cfg.bleu_beam_size >= 0, 'eval.bleu_beam_size',
-           eval_cfg.bleu_beam_size, 'an integer >= 0 (0: decode.beam_size)')
-  _require(isinstance(train_cfg.eval_bleu_every_steps, int) and train_cfg.eval_bleu_every_steps >= 0,
-           'train.eval_bleu_every_steps', train_cfg.eval_bleu_every_steps, 'an integer >= 0 (0: never)')
-  _require(eval_cfg.checkpoint_selection == 'average_last' or train_cfg.eval_bleu_every_steps > 0,
-           'eval.checkpoint_selection', eval_cfg.checkpoint_selection,
-           "'average_last' unless train.eval_bleu_every_steps > 0 (the best checkpoints are chosen by "
-           'validation BLEU during training)')
-
-
-def _validate_train(train_cfg) -> None:
-  for key in ('num_train_steps', 'warmup_steps', 'log_every_steps', 'eval_every_steps',
-              'checkpoint_every_steps', 'max_checkpoints_to_keep', 'grad_accum_steps'):
-    _require(_is_positive_int(train_cfg[key]), f'train.{key}', train_cfg[key], 'a positive integer')
-  _require(math.isfinite(train_cfg.learning_rate_scale) and train_cfg.learning_rate_scale > 0,
-           'train.learning_rate_scale', train_cfg.learning_rate_scale, 'a finite number > 0')
-  _require(0.0 <= train_cfg.label_smoothing < 1.0, 'train.label_smoothing', train_cfg.label_smoothing, 'in [0, 1)')
-  _require(math.isfinite(train_cfg.grad_clip_norm) and train_cfg.grad_clip_norm >= 0, 'train.grad_clip_norm',
-           train_cfg.grad_clip_norm, 'a finite number >= 0 (0 disables clipping)')
-  _require(train_cfg.on_nonfinite in ('stop', 'skip'), 'train.on_nonfinite', train_cfg.on_nonfinite,
-           "one of ('stop', 'skip')")
-
-
-def _validate_data(data_cfg) -> None:
-  for key in ('vocab_size', 'tokens_per_batch', 'max_length', 'tokenizer_train_sentences'):
-    _require(_is_positive_int(data_cfg[key]), f'data.{key}', data_cfg[key], 'a positive integer')
-  _require(all(_is_positive_int(length) for length in data_cfg.bucket_lengths), 'data.bucket_lengths',
-           data_cfg.bucket_lengths, 'positive integers')
-  _require(data_cfg.tokenizer_model_type in ('bpe', 'unigram'), 'data.tokenizer_model_type',
-           data_cfg.tokenizer_model_type, "one of ('bpe', 'unigram')")
-  _require(data_cfg.source_lang != data_cfg.target_lang, 'data.target_lang', data_cfg.target_lang,
-           f'different from data.source_lang={data_cfg.source_lang!r}')
-  _require(data_cfg.tokenizer_normalization in tokenizer_lib.NORMALIZATIONS, 'data.tokenizer_normalization',
-           data_cfg.tokenizer_normalization, f'one of {tokenizer_lib.NORMALIZATIONS}')
-  _require(isinstance(data_cfg.tokenizer_seed, int) and 0 <= data_cfg.tokenizer_seed < 2**32, 'data.tokenizer_seed',
-           data_cfg.tokenizer_seed, 'an integer in [0, 2**32)')
-  _require(isinstance(data_cfg.shuffle_seed, int) and 0 <= data_cfg.shuffle_seed < 2**32, 'data.shuffle_seed',
-           data_cfg.shuffle_seed, 'an integer in [0, 2**32)')
-  _require(0.0 <= data_cfg.bpe_dropout_rate < 1.0, 'data.bpe_dropout_rate', data_cfg.bpe_dropout_rate, 'in [0, 1)')
-  _require(not data_cfg.bpe_dropout_rate or data_cfg.tokenizer_model_type == 'bpe', 'data.bpe_dropout_rate',
-           data_cfg.bpe_dropout_rate, "0 unless data.tokenizer_model_type='bpe'")
-
-
-def check_data_files(data_config, splits) -> None:
-  """Fails early when the input files of `splits` are not where the config says (nothing is read).
-
-  dataset='text': `data.{train,eval,test}_files` must each name two existing files; dataset='multi30k' with a
-  manual_dir: the folder must hold the files of the language pair. TFDS datasets are checked by TFDS when loaded.
-
-  Args:
-    data_config: `config.data`.
-    splits: split names among data_config.train_split, eval_split and test_split.
-
-  Raises:
-    ValueError: naming the key for a malformed file list or an incomplete Multi30k folder.
-    FileNotFoundError: naming the key and the path of a missing file.
-    ImportError: if sacreBLEU's tokenizer for data.target_lang needs packages that are missing.
-  """
-  bleu.check_sacrebleu_tokenizer(data_config.target_lang)
-  if data_config.dataset == 'multi30k' and data_config.manual_dir:
-    multi30k.check_manual_dir(data_config.manual_dir, (data_config.source_lang, data_config.target_lang))
-  if data_config.dataset != 'text':
-    return
-  for split in splits:
-    key, paths = input_pipeline.text_files(data_config, split)
-    for path in paths:
-      if not epath.Path(path).exists():
-        raise FileNotFoundError(f'data.{key}: {path} does not exist')
 
 
 @dataclasses.dataclass
@@ -328,7 +175,7 @@ def compute_setup(config, workdir: str | None = None, devices=None) -> Setup:
   Raises:
     ValueError: for a bad config value (`validate_config`).
   """
-  model_cfg = validate_config(config, None if devices is None else len(devices))
+  model_cfg = config_checks.validate_config(config, None if devices is None else len(devices))
   train_cfg = config.train
   schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
   tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
@@ -360,7 +207,7 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   """
   built = compute_setup(config, workdir)
   model_cfg = built.model.cfg
-  check_data_files(config.data, data_splits)
+  config_checks.check_data_files(config.data, data_splits)
   if data_splits:
     input_pipeline.prepare_dataset(config.data)  # A failed download leaves no workdir behind.
   _check_writable(workdir)
@@ -520,67 +367,6 @@ def make_eval_batches(setup: Setup, source_ids, target_ids) -> list[dict[str, np
       source_ids, target_ids, tokens_per_batch=data_cfg.tokens_per_batch, max_length=data_cfg.max_length,
       bucket_lengths=data_cfg.bucket_lengths, batch_size_multiple=setup.data_shards,
       process_index=jax.process_index(), process_count=jax.process_count())
-
-
-# What --mode=evaluate and --mode=translate may change in a run's stored config: how to decode and evaluate,
-# where the input files are now, and the mesh. Anything else is the run's own.
-_EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'export.', 'train.translate_at_end', 'data.eval_split',
-                      'data.test_split', 'data.manual_dir', 'data.tfds_data_dir', 'data.train_files',
-                      'data.eval_files', 'data.test_files', 'data.tokens_per_batch', 'model.dtype',
-                      'model.attention_impl', 'model.attention_product_dtype')
-# Model and data fields that act in training only: a config file's values (today's recipe, say) are not an error.
-_TRAINING_ONLY_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', 'model.remat',
-                         'data.bpe_dropout_rate')
-
-
-def config_for_mode(config, workdir: str, mode: str):
-  """The config --mode=evaluate/translate runs with: the run's `<workdir>/config.json`, changed only where the
-  command line's config changes decoding or evaluation fields (`_EVALUATION_FIELDS`). Reads only.
-
-  Training fields that differ (a config file's schedule or dropout rate, say) are the run's own: the stored
-  values are kept, and the log says which were ignored. The compute dtype and attention implementation may
-  change (they change no parameter).
-
-  Args:
-    config: the command line's config (--config with its overrides, or the stored one when --config was
-      left out).
-    workdir: the trained run's folder.
-    mode: 'evaluate' or 'translate', for messages.
-
-  Raises:
-    FileNotFoundError: if the workdir holds no config.json or no checkpoint (nothing is written then).
-    ValueError: naming the first model or data field that differs from the run's (e.g. model.d_model).
-  """
-  stored_path = workdir_lib.path(workdir, workdir_lib.CONFIG)
-  if not epath.Path(stored_path).is_file():
-    raise FileNotFoundError(f'--mode={mode}: {stored_path} does not exist: --workdir={workdir} holds no trained '
-                            'run (train first with --mode=train, or check the path)')
-  if not checkpoints_lib.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)):
-    raise FileNotFoundError(f'--mode={mode}: no checkpoint in {workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)}'
-                            ': train first (--mode=train)')
-  stored = workdir_lib.load_run_config(workdir)
-  vocabulary = workdir_lib.path(workdir, workdir_lib.vocabulary_file(stored.data.vocab_size))
-  if not epath.Path(vocabulary).is_file():
-    raise FileNotFoundError(f'--mode={mode}: the run\'s vocabulary {vocabulary} is missing')
-  given, kept = workdir_lib.config_leaves(config), workdir_lib.config_leaves(stored)
-  resolved, ignored = stored, []
-  for key, value in given.items():
-    if key in kept and value == kept[key]:
-      continue
-    section, name = key.split('.', 1)
-    if key not in kept:  # A field added after the run was trained: its default (the code's behaviour then).
-      resolved[section][name] = value
-    elif key.startswith(_EVALUATION_FIELDS):
-      resolved[section][name] = value
-    elif key.startswith(('model.', 'data.')) and key not in _TRAINING_ONLY_FIELDS:
-      raise ValueError(f'--mode={mode}: {key}={value!r} differs from the run in {workdir} ({key}={kept[key]!r} '
-                       f'in {stored_path}); only decoding and evaluation fields may change')
-    else:
-      ignored.append(key)
-  if ignored:
-    logging.info('--mode=%s uses the run\'s own values of %s (from %s), not the command line\'s.', mode,
-                 ', '.join(ignored), stored_path)
-  return resolved
 
 
 def log_backend(config) -> None:

@@ -10,7 +10,7 @@
 
 --config may be left out when --workdir holds a run: its config.json is the config then. --mode=evaluate,
 --mode=translate and --mode=tune_decoding always start from the run's config.json; the command line may change
-only decoding and evaluation fields (`experiment.config_for_mode`). Config files load from any working directory.
+only decoding and evaluation fields (`config_checks.config_for_mode`). Config files load from any working directory.
 """
 import os
 import pathlib
@@ -92,6 +92,7 @@ def main(argv):
     return
   if workdir is None:
     sys.exit(f'--workdir is required for --mode={mode} (the run\'s folder; --help for usage)')
+  from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
   from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
   if flags.FLAGS.compilation_cache_dir:
@@ -99,7 +100,7 @@ def main(argv):
   from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.absolute_paths(config)  # config.json stores paths that work from any directory.
   if mode in ('evaluate', 'translate', 'tune_decoding', 'export'):
-    config = experiment.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
+    config = config_checks.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   experiment.log_backend(config)
   from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top

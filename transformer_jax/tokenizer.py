@@ -216,7 +216,7 @@ def train_or_load(workdir: str | os.PathLike[str],
   it to appear, so every host uses the same vocabulary.
 
   The arguments' ranges are checked once, at start-up, with the rest of the config
-  (`experiment.validate_config`: data.vocab_size, tokenizer_model_type, tokenizer_seed, tokenizer_normalization).
+  (`config_checks.validate_config`: data.vocab_size, tokenizer_model_type, tokenizer_seed, tokenizer_normalization).
 
   Args:
     workdir: folder for the model file; created if missing.

@@ -48,7 +48,7 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
   """--mode=tune_decoding: validation BLEU for every beam size and alpha (see the module docstring).
 
   Args:
-    config: the run's config (`experiment.config_for_mode`); decode.extra_length and the eval.* checkpoint
+    config: the run's config (`config_checks.config_for_mode`); decode.extra_length and the eval.* checkpoint
       selection apply to every row.
     workdir: the trained run.
     beam_sizes: beam sizes to try (1: greedy).
