@@ -115,6 +115,8 @@ def test_roofline_takes_the_slower_of_compute_and_hbm():
   figures['bytes_accessed_per_device'] *= 10
   r = aot.roofline(figures, chip)
   assert r['bound'] == 'memory' and r['mfu'] == pytest.approx(0.25)
+  r = aot.roofline(figures | {'bytes_accessed_per_device': float('nan')}, chip)  # No byte count from XLA.
+  assert r['bound'] == 'compute' and r['step_seconds'] == pytest.approx(0.010)
 
 
 @needs_libtpu

@@ -26,6 +26,7 @@ Where it compiles:
 import collections
 import copy
 import json
+import math
 import re
 import time
 from typing import Any
@@ -131,6 +132,8 @@ def roofline(figures: dict[str, Any], chip: tpu_slices.Chip) -> dict[str, Any]:
   compute = figures['model_flops'] / figures['devices'] / chip.peak_flops
   memory_seconds = (figures['bytes_accessed_per_device'] * figures['grad_accum_steps']
                     / chip.hbm_bytes_per_second)
+  if not math.isfinite(memory_seconds):  # The compiler gave no byte count: the compute side alone.
+    memory_seconds = 0.0
   step = max(compute, memory_seconds)
   return {'compute_seconds': compute, 'memory_seconds': memory_seconds, 'step_seconds': step,
           'bound': 'compute' if compute >= memory_seconds else 'memory', 'mfu': compute / step}
