@@ -139,9 +139,9 @@ def roofline(figures: dict[str, Any], chip: tpu_slices.Chip) -> dict[str, Any]:
           'bound': 'compute' if compute >= memory_seconds else 'memory', 'mfu': compute / step}
 
 
-# What lowers the step's memory per device, named when it does not fit.
-_FIT_FIELDS = ('train.grad_accum_steps (raise)', 'mesh.fsdp (raise: shards parameters and optimiser state)',
-               'data.tokens_per_batch', 'data.max_length (or data.bucket_lengths)', 'model.dtype=bfloat16')
+# What lowers the step's memory per device, said when it does not fit.
+_FIT_ADVICE = ('raise train.grad_accum_steps or mesh.fsdp (which shards parameters and optimiser state), or lower '
+               'data.tokens_per_batch or data.max_length (data.bucket_lengths), or compute in model.dtype=bfloat16')
 
 
 def _compile_on_slice(config, slice_: tpu_slices.Slice, devices) -> dict[str, Any]:
@@ -240,7 +240,7 @@ def format_report(figures: dict[str, Any]) -> str:
       used = figures['memory_per_device']['total_in_bytes'] / figures['hbm_bytes']
       lines.append(f"{'fits' if figures['fits'] else 'DOES NOT FIT'} in {hbm}: {used:.0%} used")
     if not figures['fits']:
-      lines.append('lower it with: ' + ', '.join(_FIT_FIELDS))
+      lines.append(f'to fit: {_FIT_ADVICE}')
     if 'fit' in figures:
       fit = figures['fit']
       lines.append('smallest change that fits (compiled): ' + (
@@ -291,7 +291,7 @@ def compile_only(config, workdir: str | None) -> dict[str, Any]:
   if config.compile.topology and not figures['fits']:
     fit = figures.get('fit')
     change = (' '.join(f'--config.{k}={v}' for k, v in fit['overrides'].items()) + ' fits (compiled)' if fit
-              else 'lower ' + ', '.join(_FIT_FIELDS))
+              else _FIT_ADVICE)
     raise memory.DoesNotFitError(f"the train step does not fit the chips of {figures['slice']} "
                                  f"({figures['hbm_bytes'] / 2**30:.0f} GiB of HBM each): {change}")
   return figures
