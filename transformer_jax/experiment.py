@@ -2,8 +2,8 @@
 
 `setup` checks everything that can be checked before a byte is written (the config values and input files,
 through `config_checks`; that the workdir is writable and holds no incompatible run), then loads or trains the
-vocabulary and builds the mesh, model, optimiser and checkpoint manager. `TrainState` and its (sharded) creation live here too, so
-that `Setup.abstract_state` can describe a checkpoint without initialising one.
+vocabulary and builds the mesh, model, optimiser and checkpoint manager. `TrainState` and its (sharded)
+creation live here too, so that `Setup.abstract_state` can describe a checkpoint without initialising one.
 """
 import contextlib
 import dataclasses
