@@ -45,6 +45,11 @@ def train_step_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length:
   return 3 * forward_flops(cfg, batch_size, source_length, target_length)
 
 
+@jax.jit
+def _matmul(x, y):
+  return jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+
 def measure_peak_flops(dtype, size: int, repeats: int = 10) -> float:
   """FLOP/s of a [size, size] x [size, size] product in `dtype` with float32 accumulation, on one device.
 
@@ -52,12 +57,11 @@ def measure_peak_flops(dtype, size: int, repeats: int = 10) -> float:
   slower runs measure the neighbours, not the device.
   """
   a = jnp.ones((size, size), dtype)
-  matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-  jax.block_until_ready(matmul(a, a))
+  jax.block_until_ready(_matmul(a, a))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(matmul(a, a))
+    jax.block_until_ready(_matmul(a, a))
     times.append(time.perf_counter() - start)
   return 2 * size ** 3 / min(times)
 
@@ -69,5 +73,37 @@ def peak_flops(dtype) -> tuple[float, str]:
   kind = jax.devices()[0].device_kind
   if kind in KNOWN_PEAKS:
     return KNOWN_PEAKS[kind] * jax.device_count(), f'table ({kind})'
-  size = 2048 if jax.default_backend() == 'cpu' else 8192
+  size = _peak_size()
   return measure_peak_flops(dtype, size) * jax.device_count(), f'measured {size}^3 matmul on {kind}'
+
+
+def _peak_size() -> int:
+  return 2048 if jax.default_backend() == 'cpu' else 8192
+
+
+class Peak:
+  """The peak MFU divides by, for a training run: `peak_flops`, raised whenever a re-measurement is faster.
+
+  A measured peak can only come out low (neighbours sharing the CPU slow the product down, never speed it
+  up), so the highest measurement so far is the best estimate. A run started while other jobs used the CPU
+  measured a low peak once and then reported MFU above 100% when the CPU freed up; `remeasure` (called at
+  each progress line; three 2048^3 products, ~40 ms on a 2-core CPU, at most once a minute) fixes that.
+  Table peaks are fixed.
+
+  Attributes:
+    flops: FLOP/s of all devices together.
+    source: where it came from, for the log.
+  """
+
+  def __init__(self, dtype, every_seconds: float = 60.0):
+    self.dtype, self.every_seconds = jnp.dtype(dtype), every_seconds
+    self.flops, self.source = peak_flops(self.dtype)
+    self.measured = self.source.startswith('measured')
+    self._last = time.perf_counter()
+
+  def remeasure(self) -> float:
+    """Measures again (a measured peak, `every_seconds` after the last) and keeps the higher; returns `flops`."""
+    if self.measured and time.perf_counter() - self._last >= self.every_seconds:
+      self.flops = max(self.flops, measure_peak_flops(self.dtype, _peak_size(), repeats=3) * jax.device_count())
+      self._last = time.perf_counter()
+    return self.flops

@@ -10,8 +10,9 @@ import contextlib
 import time
 
 # The stages a run's wall time is split into, in the order the end-of-run line lists them.
-STAGES = ('train_steps', 'compile', 'input', 'evaluation', 'checkpoint', 'setup', 'final_evaluation')
-_IN_LOOP = ('compile', 'input', 'evaluation', 'checkpoint')  # Timed inside the training loop.
+STAGES = ('train_steps', 'compile', 'input', 'evaluation', 'checkpoint', 'peak_measurement', 'setup',
+          'final_evaluation')
+_IN_LOOP = ('compile', 'input', 'evaluation', 'checkpoint', 'peak_measurement')  # Timed inside the training loop.
 
 
 class Timeline:
@@ -49,7 +50,8 @@ class Timeline:
     self.seconds[name] += seconds
 
   def in_loop_seconds(self) -> float:
-    """Seconds so far of the stages timed inside the training loop (compile, input, evaluation, checkpoint)."""
+    """Seconds so far of the stages timed inside the training loop (compile, input, evaluation, checkpoint,
+    peak_measurement: re-measuring the CPU's peak for MFU)."""
     return sum(self.seconds[name] for name in _IN_LOOP)
 
   @contextlib.contextmanager

@@ -160,11 +160,12 @@ class _Progress:
 
   Rates, MFU and the time left count training steps only: the seconds `timeline` gives to compiling, input,
   validation and checkpoints are left out (they are reported apart). MFU is the model FLOPs of the batches
-  trained (`flops.train_step_flops` of their padded or packed shapes) per second, over `peak_flops`.
+  trained (`flops.train_step_flops` of their padded or packed shapes) per second, over the peak (`peak`,
+  re-measured at each report where it was measured, as its time is left out of the training steps').
   """
 
-  def __init__(self, setup: Setup, writer, first_step: int, peak_flops: float, timeline: goodput.Timeline):
-    self.setup, self.writer, self.peak_flops, self.timeline = setup, writer, peak_flops, timeline
+  def __init__(self, setup: Setup, writer, first_step: int, peak: flops_lib.Peak, timeline: goodput.Timeline):
+    self.setup, self.writer, self.peak, self.timeline = setup, writer, peak, timeline
     self.sums, self.tokens, self.flops, self.pending = self._zeros(), 0, 0.0, None
     self.time, self.step, self.excluded = time.perf_counter(), first_step, timeline.in_loop_seconds()
     self.total_flops = 0.0  # Over the whole loop, for final_metrics.json.
@@ -207,8 +208,9 @@ class _Progress:
     now = time.perf_counter()
     sums = jax.device_get(self.sums)
     summary = metrics_lib.summarize(sums)
-    excluded = self.timeline.in_loop_seconds()
-    seconds = max(now - self.time - (excluded - self.excluded), 1e-9)  # Training steps only.
+    seconds = max(now - self.time - (self.timeline.in_loop_seconds() - self.excluded), 1e-9)  # Training steps only.
+    with self.timeline.stage('peak_measurement'):
+      peak = self.peak.remeasure()
     steps_per_sec = (step - self.step) / seconds
     remaining = (self.setup.config.train.num_train_steps - step) / max(steps_per_sec, 1e-9)
     tokens = self.tokens  # This process's rows; every process reports at the same step, so sum them.
@@ -217,7 +219,7 @@ class _Progress:
     summary |= {'learning_rate': float(self.setup.schedule(step - 1)), 'steps_per_sec': steps_per_sec,
                 'tokens_per_sec': tokens / seconds, 'skipped_steps': float(sums['skipped_steps']),
                 'grad_norm': float(sums['grad_norm']) / max(float(sums['applied_steps']), 1.0),
-                'mfu': self.flops / seconds / self.peak_flops}
+                'mfu': self.flops / seconds / peak}
     logging.info('step %d/%d | loss %.4f | nll %.4f | acc %.3f | grad norm %.3g | lr %.3g | %.2f steps/s | '
                  '%.0f tokens/s | MFU %.1f%% | %s left', step, self.setup.config.train.num_train_steps,
                  summary['loss'], summary['nll'], summary['accuracy'], summary['grad_norm'],
@@ -225,7 +227,7 @@ class _Progress:
                  datetime.timedelta(seconds=int(remaining)))
     metrics_lib.write_scalars(self.writer, step, summary, prefix='train')
     self.sums, self.tokens, self.flops, self.time, self.step, self.excluded = (
-        self._zeros(), 0, 0.0, now, step, excluded)
+        self._zeros(), 0, 0.0, now, step, self.timeline.in_loop_seconds())
 
 
 class _StopRequest:
@@ -473,8 +475,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         workdir_lib.record_config(config, workdir, setup.checkpoints.latest_step() or 0)
       state = _restore_or_init(setup, data)
       eval_fn = evaluate_lib.jit_eval_step(setup, state_sharding.params)
-      peak, peak_source = flops_lib.peak_flops(setup.model.cfg.compute_dtype)
-      logging.info('MFU is reported against a peak of %.3g TFLOP/s (%s).', peak / 1e12, peak_source)
+      peak = flops_lib.Peak(setup.model.cfg.compute_dtype)
+      logging.info('MFU is reported against a peak of %.3g TFLOP/s (%s%s).', peak.flops / 1e12, peak.source,
+                   '; re-measured at each progress line, the highest kept' if peak.measured else '')
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
     progress = _Progress(setup, writer, int(state.step), peak, timeline)
     start = time.perf_counter()
@@ -485,7 +488,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       setup.checkpoints.wait_until_finished()
     steps_seconds = max(timeline.seconds['train_steps'], 1e-9)
     run_info = {'train_wall_seconds': time.perf_counter() - start, 'train_steps': int(state.step),
-                'mfu': progress.total_flops / steps_seconds / peak, 'peak_flops': peak}
+                'mfu': progress.total_flops / steps_seconds / peak.flops, 'peak_flops': peak.flops}
     if stopped_at is not None:
       logging.warning('Stopped by %s after step %d: saved checkpoint step %d in %s. Run the same command to '
                       'resume.', stop.reason, stopped_at, setup.checkpoints.latest_step(),
