@@ -29,6 +29,11 @@ alike), validation perplexity every 250 steps (each row's curve: a diverged row 
 chosen on the base row's validation curve (docs/table3_multi30k.md): dev BLEU 30.0 (greedy, one checkpoint) at
 1,000 steps, perplexity still falling 10% per 250 steps at 1,500. About 25 minutes per base-sized row alone on a
 2-core CPU; seeds: `launch/sweep_table3.sh --seeds=1,2`.
+
+The attention products multiply in bfloat16 (model.attention_product_dtype='compute', float32 accumulation), as
+the matrix products do: on an AMX Xeon the step is 3-8% faster than with float32 products, and the base row
+trained alike (2,000 steps, seed 0: dev perplexity 6.22, dev BLEU 37.01, test 36.75, against 6.32 +- 0.04,
+36.88 +- 0.14 and 36.61 +- 0.26 over three float32 seeds; docs/table3_multi30k.md).
 """
 import ml_collections
 
@@ -107,7 +112,7 @@ def base_config() -> ml_collections.ConfigDict:
   """The Multi30k base row (see the module docstring)."""
   config = base.get_config()
   config.model.update(num_layers=3, d_model=256, d_ff=_D_FF, num_heads=4, d_k=64, d_v=64, dropout_rate=0.1,
-                      max_length=128, dtype='bfloat16', attention_product_dtype='float32')
+                      max_length=128, dtype='bfloat16', attention_product_dtype='compute')
   config.data.update(dataset='multi30k', vocab_size=8000, tokens_per_batch=2048, max_length=128,
                      bucket_lengths=(16, 24, 32, 48, 64, 128), packing=True)
   config.train.update(num_train_steps=BUDGET_STEPS, warmup_steps=400, learning_rate_scale=0.5,
