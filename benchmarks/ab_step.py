@@ -13,7 +13,6 @@ Run it with nothing else on the machine where possible; alternation protects the
 """
 import json
 import statistics
-import sys
 import time
 
 from absl import app

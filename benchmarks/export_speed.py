@@ -22,6 +22,7 @@ import sentencepiece
 from transformer_jax import bleu
 from transformer_jax import evaluate
 from transformer_jax import experiment
+from transformer_jax import input_pipeline
 from transformer_jax import export
 from transformer_jax import workdir as workdir_lib
 
@@ -41,7 +42,7 @@ def main() -> None:
   lang = config.data.target_lang
   try:
     params, steps = evaluate.load_params(setup)
-    split = experiment.encode_split(setup, config.data.test_split if args.split == 'test' else config.data.eval_split)
+    split = input_pipeline.encode_split(setup.config.data, setup.tokenizer, config.data.test_split if args.split == 'test' else config.data.eval_split)
     for label in ('ours (compilation included)', 'ours'):
       hypotheses, scores, seconds = evaluate.translate_split(setup, params, split, alpha=alpha)
       report(label, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha, steps)

@@ -1,239 +1,331 @@
-"""The paper's batch on any hardware: gradient accumulation equals the whole batch, the batches are a function of
-the config (not of the mesh or the process count), and a data position resumes on another topology.
+"""Tests for transformer_jax.batching: token-budget buckets, packing, the resumable training iterator, BPE-dropout
+resampling slots, host slices and evaluation batches, on synthetic token ids (no corpus needed)."""
+import collections
+import json
+import logging
 
-Small synthetic corpora made here: the real corpus is not the point. Runs on the 8 fake CPU devices of conftest.py.
-"""
-import dataclasses
-import functools
-
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
-from transformer_jax import experiment
-from transformer_jax import input_pipeline
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
-from transformer_jax import train
+from configs import base
+from transformer_jax import batching
+from transformer_jax import tokenizer as tokenizer_lib
 
-VOCAB = 40
-MODEL = model_lib.Transformer(model_lib.ModelConfig(
-    vocab_size=VOCAB, num_layers=1, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, dropout_rate=0.0))
-BUCKETS = (8, 16)
+EOS, BOS = tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID
+BUCKETS = base.get_config().data.bucket_lengths
 
 
-def corpus(num_pairs=120, seed=0):
-  """Distinct random sentences (each pair's source starts with its index, base VOCAB - 4), 2-14 ids."""
-  rng = np.random.default_rng(seed)
-  source, target = [], []
-  for i in range(num_pairs):
-    prefix = [4 + i // (VOCAB - 4), 4 + i % (VOCAB - 4)]
-    source.append(prefix + rng.integers(4, VOCAB, rng.integers(0, 12)).tolist())
-    target.append(rng.integers(4, VOCAB, rng.integers(1, 14)).tolist())
-  return source, target
+def unpack(batch):
+  """(source, target) token tuples of every segment of a packed batch, checking positions and decoder inputs."""
+  pairs = []
+  for row in range(len(batch['source_tokens'])):
+    source_segments, target_segments = batch['source_segment_ids'][row], batch['target_segment_ids'][row]
+    for side in ('source', 'target'):
+      used = batch[f'{side}_segment_ids'][row] != 0
+      assert np.all(np.diff(used.astype(int)) <= 0)  # Padding only at the end of the row.
+      np.testing.assert_array_equal(used, batch[f'{side}_tokens'][row] != 0)
+    for segment in range(1, source_segments.max() + 1):
+      source = batch['source_tokens'][row][source_segments == segment]
+      target = batch['target_tokens'][row][target_segments == segment]
+      decoder_input = batch['decoder_input_tokens'][row][target_segments == segment]
+      np.testing.assert_array_equal(batch['source_positions'][row][source_segments == segment],
+                                    np.arange(len(source)))
+      np.testing.assert_array_equal(batch['target_positions'][row][target_segments == segment],
+                                    np.arange(len(target)))
+      np.testing.assert_array_equal(decoder_input, np.concatenate([[BOS], target[:-1]]))
+      pairs.append((tuple(source), tuple(target)))
+    assert set(target_segments) - {0} == set(source_segments) - {0}
+  return pairs
 
 
-def iterator(pad_rows_to=1, process_index=0, process_count=1, tokens_per_batch=96):
-  return input_pipeline.TrainIterator(*corpus(), tokens_per_batch=tokens_per_batch, max_length=16,
-                                      bucket_lengths=BUCKETS, pad_rows_to=pad_rows_to, process_index=process_index,
-                                      process_count=process_count)
+def finer(ids, epoch):
+  """A stand-in for BPE-dropout: every other id of each sequence split in two (the same id twice), the ids
+  chosen by the epoch, so that sampled sides are longer and some no longer fit their slot."""
+  return batching.Ragged.from_lists(
+      [[token for j, token in enumerate(ids[i]) for _ in range(1 + (j + epoch) % 2)] for i in range(len(ids))])
 
 
-def sentences(batch) -> list[tuple[int, ...]]:
-  """The non-empty source rows of a batch, as tuples."""
-  return [tuple(row[row != 0]) for row in batch['source_tokens'] if row.any()]
-
-
-def init_state(tx, batch):
-  abstract = jax.eval_shape(functools.partial(experiment.create_train_state, model=MODEL, tx=tx, batch=batch),
-                            jax.random.key(0))
+@pytest.fixture(scope='module')
+def train_ids():
+  """(source, target) token ids as Ragged of 8,000 synthetic pairs whose lengths resemble Multi30k's (BPE 8k:
+  about 14 source tokens, targets a little longer, 2 to 60); the batching logic needs no real corpus."""
   rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, x.shape).astype(np.float32), nn.unbox(abstract.params))
-  return experiment.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=jnp.array([0, 1],
-                                                                                                    jnp.uint32))
+  source_lengths = np.clip(np.round(rng.normal(14, 5, 8000)), 2, 60).astype(int)
+  source_lengths[:6000:500] = rng.integers(38, 46, 12)  # A tail of long sentences, as in the real corpus; the
+  source_lengths[6000::100] = rng.integers(50, 61, 20)  # longest (bucket 64) after the first 6,000 pairs.
+  target_lengths = np.clip(source_lengths + np.round(rng.normal(1, 3, 8000)).astype(int), 2, 60)
+  target_lengths[:6000] = np.minimum(target_lengths[:6000], 46)
+  make = lambda lengths: batching.Ragged.from_lists([rng.integers(4, 8000, n).tolist() for n in lengths])
+  return make(source_lengths), make(target_lengths)
 
 
-def step_fn(tx, grad_accum_steps):
-  return jax.jit(functools.partial(train.train_step, model=MODEL, tx=tx, label_smoothing=0.1,
-                                   grad_accum_steps=grad_accum_steps))
+def make_iterator(train_ids, **kwargs):
+  kwargs = {'tokens_per_batch': 25_000, 'max_length': 256, 'bucket_lengths': BUCKETS, **kwargs}
+  return batching.TrainIterator(*train_ids, **kwargs)
 
 
-def test_uneven_micro_batches_give_the_merged_batch_gradient():
-  """Micro-batches of 3 and 13 real target tokens: the summed gradient is the whole batch's, (x1+x2)/(n1+n2)."""
-  batch = {'source_tokens': np.array([[5, 6, 2] + [0] * 13, [7, 8, 9, 2] + [0] * 12], np.int32),
-           'target_tokens': np.zeros((2, 16), np.int32)}
-  batch['target_tokens'][0, :3] = [10, 11, 2]
-  batch['target_tokens'][1, :13] = list(range(12, 24)) + [2]
-  batch['decoder_input_tokens'] = np.where(batch['target_tokens'] != 0, np.roll(batch['target_tokens'], 1, 1), 0)
-  batch['decoder_input_tokens'][:, 0] = 1
-  tx = optax.sgd(1.0)  # params_after = params - gradient.
-  state = init_state(tx, batch)
-  whole, whole_metrics = step_fn(tx, 1)(state, batch)
-  micro, micro_metrics = step_fn(tx, 2)(state, batch)
-  assert float(whole_metrics['token_count']) == float(micro_metrics['token_count']) == 16.0
-  assert float(micro_metrics['loss_sum']) == pytest.approx(float(whole_metrics['loss_sum']), rel=1e-6)
-  gradient = lambda new: jax.tree.map(lambda p, q: np.asarray(p) - np.asarray(q), state.params, new.params)
-  for a, b in zip(jax.tree.leaves(gradient(micro)), jax.tree.leaves(gradient(whole))):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # float32 sums in another order: ~1e-7 apart.
-  # A mean of the two micro-batches' means (3 and 13 tokens) is another gradient: the test tells them apart.
-  halves = [jax.tree.map(lambda x, i=i: x[i:i + 1], batch) for i in range(2)]
-  means = [gradient(step_fn(tx, 1)(state, half)[0]) for half in halves]
-  mean_of_means = jax.tree.map(lambda a, b: (a + b) / 2, *means)
-  assert not all(np.allclose(a, b, rtol=1e-3) for a, b in zip(jax.tree.leaves(mean_of_means),
-                                                                 jax.tree.leaves(gradient(whole))))
-
-
-def test_two_steps_with_one_and_four_micro_batches_agree():
-  """Float32, no dropout, Adam: 4 micro-batches of 4 rows = 1 batch of 16 rows after two updates. Tolerance
-  1e-5 relative: the gradients differ only by the order of float32 sums (~1e-7), which Adam's first steps,
-  moving each parameter by ~lr * sign(g), amplify where a gradient entry is near 0."""
-  batch = next(iterator(pad_rows_to=4))
-  assert batch['source_tokens'].shape[0] % 4 == 0
-  tx = optax.adam(1e-3, eps=1e-6)
-  states = {}
-  for n in (1, 4):
-    state, fn, losses = init_state(tx, batch), step_fn(tx, n), []
-    for _ in range(2):
-      state, metrics = fn(state, batch)
-      losses.append(float(metrics['loss_sum'] / metrics['token_count']))
-    states[n] = (state, losses)
-  np.testing.assert_allclose(states[4][1], states[1][1], rtol=1e-6)
-  for a, b in zip(jax.tree.leaves(states[4][0].params), jax.tree.leaves(states[1][0].params)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_grad_accum_steps_must_divide_the_rows():
-  batch = next(iterator())
-  rows = batch['source_tokens'].shape[0]
-  tx = optax.sgd(1.0)
-  with pytest.raises(ValueError, match=rf'train.grad_accum_steps=7 does not divide the {rows} rows of a batch'):
-    step_fn(tx, 7)(init_state(tx, batch), batch)
-
-
-def test_batches_are_the_same_sentences_on_any_mesh_and_process_count():
-  """The plan depends on the config only: padding rows (all PAD) complete each batch to the mesh's multiple."""
-  one = iterator()
-  eight = iterator(pad_rows_to=8)
-  hosts = [iterator(pad_rows_to=8, process_index=i, process_count=2) for i in range(2)]
-  for _ in range(12):  # More than one epoch.
-    a, b = next(one), next(eight)
-    parts = [next(host) for host in hosts]
-    assert b['source_tokens'].shape[0] % 8 == 0 and b['source_tokens'].shape[0] - a['source_tokens'].shape[0] < 8
-    assert sentences(a) == sentences(b) == sentences(parts[0]) + sentences(parts[1])
-    assert int(np.count_nonzero(a['target_tokens'])) == int(np.count_nonzero(b['target_tokens']))
-
-
-def test_losses_through_the_pipeline_agree_on_one_and_eight_devices():
-  """The real pipeline feeds one device and a data=4 x tensor=2 mesh the same sentences: equal float32 losses."""
-  from configs import base  # pylint: disable=g-import-not-at-top
-  tx = optax.adam(1e-3, eps=1e-6)
-  results = {}
-  for devices, (data, tensor) in ((1, (1, 1)), (8, (4, 2))):
-    mesh_cfg = base.get_config().mesh
-    mesh_cfg.update(data=data, fsdp=1, tensor=tensor)
-    mesh, rules = sharding.make_mesh(mesh_cfg, jax.devices()[:devices]), sharding.logical_axis_rules(mesh_cfg)
-    batches = iterator(pad_rows_to=data)
-    first = next(iterator(pad_rows_to=data))
-    state = jax.device_get(init_state(tx, first))
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      state_sharding = sharding.logical_to_sharding(jax.eval_shape(
-          functools.partial(experiment.create_train_state, model=MODEL, tx=tx, batch=first), jax.random.key(0)), mesh,
-          rules)
-      batch_sharding = sharding.batch_sharding(mesh)
-      fn = jax.jit(functools.partial(train.train_step, model=MODEL, tx=tx, label_smoothing=0.1),
-                   in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None))
-      state, losses = jax.device_put(state, state_sharding), []
-      for _ in range(3):
-        state, metrics = fn(state, jax.device_put(next(batches), batch_sharding))
-        losses.append(float(metrics['loss_sum'] / metrics['token_count']))
-    results[devices] = losses
-  np.testing.assert_allclose(results[8], results[1], rtol=2e-6)
-
-
-@pytest.mark.parametrize('before, after', [((1, 1), (8, 2)), ((8, 2), (1, 1)), ((4, 1), (8, 2))])
-def test_resume_on_another_topology_sees_every_sentence_once(before, after):
-  """Saved with (pad_rows_to, processes) `before`, resumed with `after`: the union of the sentences seen
-  before and after the resume is an uninterrupted run's, none twice, none skipped."""
-  def run(pad, processes, num_batches, state=None):
-    hosts = [iterator(pad_rows_to=pad, process_index=i, process_count=processes) for i in range(processes)]
-    for host in hosts:
-      if state is not None:
-        host.set_state(state)
-    seen = [s for _ in range(num_batches) for host in hosts for s in sentences(next(host))]
-    return seen, hosts[0].get_state()
-
-  uninterrupted, _ = run(1, 1, 10)
-  first, state = run(*before, 4)
-  second, _ = run(*after, 6, state)
-  assert sorted(first + second) == sorted(uninterrupted)
-  assert first + second == uninterrupted  # The same order, too.
-
-
-@pytest.mark.parametrize('model_overrides, mesh_overrides, message', [
-    (dict(num_heads=3, d_k=8, d_v=8), dict(data=4, tensor=2), r'model\.num_heads=3 does not divide by mesh\.tensor=2'),
-    (dict(d_model=36), dict(data=1, fsdp=8), r'model\.d_model=36 does not divide by mesh\.fsdp=8'),
-    (dict(d_ff=66), dict(data=2, tensor=4), r'model\.d_ff=66 does not divide by mesh\.tensor=4'),
-])
-def test_a_mesh_that_does_not_divide_the_model_fails_before_any_write(tmp_path, model_overrides, mesh_overrides,
-                                                                      message):
-  from configs import tiny  # pylint: disable=g-import-not-at-top
-  config = tiny.get_config()
-  config.model.update(**model_overrides)
-  config.mesh.update(**mesh_overrides)
-  workdir = tmp_path / 'run'
-  with pytest.raises(ValueError, match=message):
-    train.train_and_evaluate(config, str(workdir))
-  assert not workdir.exists()  # No checkpoints/, config.json or vocabulary.
-
-
-def test_resume_with_another_tokens_per_batch_finishes_the_epoch_without_repeats(caplog):
-  first_run = iterator(tokens_per_batch=96)
-  seen = [s for _ in range(3) for s in sentences(next(first_run))]
-  resumed = iterator(tokens_per_batch=160)
-  with caplog.at_level('WARNING'):
-    resumed.set_state(first_run.get_state())
-  assert 'saved with data.tokens_per_batch=96, this run has 160' in caplog.text
+def one_epoch(iterator):
+  """The batches of the iterator's current epoch, the state at its end, and the first batch of the next."""
+  batches = []
   while True:
-    batch = next(resumed)
-    if resumed.get_state()['epoch'] == 1:  # This batch opens the next epoch.
-      break
-    seen += sentences(batch)
-  assert sorted(seen) == sorted((*s, 2) for s in corpus()[0])  # Every pair of the epoch exactly once (EOS = 2).
+    state = iterator.get_state()
+    batch = next(iterator)
+    if iterator.get_state()['epoch'] != state['epoch']:
+      return batches, state, batch
+    batches.append(batch)
 
 
-def test_accumulation_with_packing_remat_bf16_on_a_mesh_matches_one_batch():
-  """grad_accum_steps=2 on data=2 x fsdp=2 x tensor=2 with packed rows, remat and bf16 products: the same
-  losses as one batch on one device, within bf16 rounding (products of 8-bit mantissas, 2e-3 relative)."""
-  from configs import base  # pylint: disable=g-import-not-at-top
-  model = model_lib.Transformer(dataclasses.replace(MODEL.cfg, remat=True, dtype='bfloat16'))
-  packed = input_pipeline.TrainIterator(*corpus(), tokens_per_batch=96, max_length=16, bucket_lengths=BUCKETS,
-                                        packing=True, pad_rows_to=8)
-  batches = [next(packed) for _ in range(2)]
-  assert 'source_segment_ids' in batches[0]
-  tx = optax.adam(1e-3, eps=1e-6)
-  results = {}
-  for devices, mesh_shape, n in ((1, (1, 1, 1), 1), (8, (2, 2, 2), 2)):
-    mesh_cfg = base.get_config().mesh
-    mesh_cfg.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
-    mesh, rules = sharding.make_mesh(mesh_cfg, jax.devices()[:devices]), sharding.logical_axis_rules(mesh_cfg)
-    init = functools.partial(experiment.create_train_state, model=model, tx=tx, batch=batches[0])
-    abstract = jax.eval_shape(init, jax.random.key(0))
-    rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, x.shape).astype(np.float32), nn.unbox(abstract.params))
-    state = experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
-                             rng=np.array([0, 1], np.uint32))
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      state_sharding = sharding.logical_to_sharding(abstract, mesh, rules)
-      batch_sharding = sharding.batch_sharding(mesh)
-      fn = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1,
-                                     grad_accum_steps=n),
-                   in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None))
-      state, losses = jax.device_put(state, state_sharding), []
+def row_pairs(batch):
+  """(source tokens, target tokens) of every row that holds a pair, as tuples without padding."""
+  return [(tuple(s[s != 0]), tuple(t[t != 0])) for s, t in zip(batch['source_tokens'], batch['target_tokens'])
+          if s.any()]
+
+
+def expected_pairs(train_ids, max_length=256):
+  source, target = train_ids
+  return collections.Counter(
+      (tuple(source[i]) + (EOS,), tuple(target[i]) + (EOS,)) for i in range(len(source))
+      if 0 < len(source[i]) < max_length and 0 < len(target[i]) < max_length)
+
+
+def assert_batches_equal(first, second):
+  assert first.keys() == second.keys()
+  for key in first:
+    np.testing.assert_array_equal(first[key], second[key], err_msg=key)
+
+
+def test_bucketed_epoch_respects_budget_and_uses_every_pair_once(train_ids):
+  iterator = make_iterator(train_ids, batch_size_multiple=8)
+  batches, _, _ = one_epoch(iterator)
+  shapes = {batch['source_tokens'].shape for batch in batches}
+  assert shapes == set(iterator.shapes) and 4 <= len(shapes) <= 9  # Multi30k pairs need buckets 8 to 64.
+  lengths = sorted(length for _, length in shapes)
+  moved_up = 0
+  for batch in batches:
+    rows, length = batch['source_tokens'].shape
+    assert rows * length <= 25_000 and rows % 8 == 0
+    assert batch['target_tokens'].shape == batch['decoder_input_tokens'].shape == (rows, length)
+    assert all(value.dtype == np.int32 for value in batch.values())
+    smaller = max([0] + [l for l in lengths if l < length])
+    for source, target in row_pairs(batch):
+      assert max(len(source), len(target)) <= length
+      moved_up += max(len(source), len(target)) <= smaller  # Not in the smallest bucket that fits.
+      assert source[-1] == EOS and target[-1] == EOS and EOS not in source[:-1] + target[:-1]
+    shifted = np.where(batch['target_tokens'] != 0, np.roll(batch['target_tokens'], 1, axis=1), 0)
+    shifted[:, 0] = np.where(batch['target_tokens'][:, 0] != 0, BOS, 0)
+    np.testing.assert_array_equal(batch['decoder_input_tokens'], shifted)
+  assert moved_up < sum(rows for rows, _ in shapes)  # Only leftovers, less than one batch per bucket, move up.
+  assert sum(not batch['source_tokens'][-1].any() for batch in batches) == 1  # One batch has padding rows.
+  seen = collections.Counter(pair for batch in batches for pair in row_pairs(batch))
+  assert seen == expected_pairs(train_ids)
+
+
+def test_packing_keeps_every_token_exactly_once(train_ids):
+  iterator = make_iterator(train_ids, packing=True, batch_size_multiple=8)
+  assert iterator.shapes == [(384, 64)]  # 25000 // 64 = 390 rows, rounded down to a multiple of 8.
+  first_pairs = tuple(batching.Ragged.from_lists([ids[i] for i in range(6000)]) for ids in train_ids)
+  iterator = make_iterator(first_pairs, packing=True, tokens_per_batch=8000)  # Fewer segments to check: faster.
+  batches, _, _ = one_epoch(iterator)
+  assert iterator.shapes == [(166, 48)]  # These pairs need at most 48 slots; 8000 // 48 = 166 rows.
+  assert {batch['source_tokens'].shape for batch in batches} == {(166, 48)}
+  assert all(len(batch) == 7 for batch in batches)
+  seen = collections.Counter(pair for batch in batches for pair in unpack(batch))
+  assert seen == expected_pairs(first_pairs)
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_bpe_dropout_resegments_every_epoch_in_the_planned_shapes(train_ids, packing):
+  pairs = tuple(batching.Ragged.from_lists([ids[i] for i in range(3000)]) for ids in train_ids)
+  calls = []
+  def resegment(epoch):
+    calls.append(epoch)
+    return [finer(ids, epoch) for ids in pairs]
+  deterministic = make_iterator(pairs, packing=packing, tokens_per_batch=8000)
+  iterator = make_iterator(pairs, packing=packing, tokens_per_batch=8000, resegment=resegment)
+  assert iterator.shapes == deterministic.shapes
+  buckets = batching.bucket_lengths_for(BUCKETS, 256)
+  first = []
+  for epoch in (0, 1):
+    batches, _, next_first = one_epoch(iterator)
+    batches, first = first + batches, [next_first]
+    expected, used_sampled = collections.Counter(), collections.Counter()
+    for i in range(len(pairs[0])):
+      sides = [(tuple(ids[i]) + (EOS,), tuple(finer(batching.Ragged.from_lists([ids[i]]), epoch)[0]) + (EOS,))
+               for ids in pairs]
+      # The slot planned from the deterministic ids: the packed row, or the pair's bucket.
+      room = (iterator.shapes[0][1] if packing
+              else buckets[np.searchsorted(buckets, max(len(side[0]) for side in sides))])
+      expected[tuple(sampled if len(sampled) <= room else kept for kept, sampled in sides)] += 1
+      used_sampled.update(len(sampled) <= room for _, sampled in sides)
+    seen = collections.Counter(pair for batch in batches for pair in (unpack(batch) if packing else row_pairs(batch)))
+    assert seen == expected
+    assert used_sampled[True] > 500 and used_sampled[False] > 10  # Both cases are tested.
+    assert {batch['source_tokens'].shape for batch in batches} <= set(iterator.shapes)
+    if not packing:  # Each pair stays in its bucket.
       for batch in batches:
-        state, metrics = fn(state, jax.device_put(batch, batch_sharding))
-        losses.append(float(metrics['loss_sum'] / metrics['token_count']))
-    results[n] = losses
-  np.testing.assert_allclose(results[2], results[1], rtol=2e-3)
+        assert all(max(len(s), len(t)) <= batch['source_tokens'].shape[1] for s, t in row_pairs(batch))
+  assert calls == [0, 1, 2]  # Once per epoch (one_epoch reads the next epoch's first batch).
+
+
+def test_bpe_dropout_sample_is_used_where_it_fits_the_planned_slot():
+  # Buckets 4 and 8 (EOS included). [5, 6] + EOS and its sample [5, 5, 6] + EOS fit bucket 4; [5, 6, 7] + EOS
+  # fits bucket 4 but its sample [5, 5, 6, 7] + EOS does not, so bucketed it keeps [5, 6, 7], while packed rows
+  # (8 long: the third pair needs bucket 8) have room for it. Targets [9] and [9, 9] fit everywhere.
+  source = [[5, 6], [5, 6, 7], [5, 6, 7, 8, 9]]
+  sampled = [[5, 5, 6], [5, 5, 6, 7], [5, 5, 6, 7, 8, 9]]
+  target, sampled_target = [[9]] * 3, [[9, 9]] * 3
+  sample_of_third = ((5, 5, 6, 7, 8, 9, EOS), (9, 9, EOS))
+  for packing, second in ((False, (5, 6, 7, EOS)), (True, (5, 5, 6, 7, EOS))):
+    iterator = batching.TrainIterator(
+        source, target, tokens_per_batch=16, max_length=8, bucket_lengths=(4, 8), packing=packing,
+        resegment=lambda epoch: (sampled, sampled_target))
+    batches, _, _ = one_epoch(iterator)
+    pairs = [pair for batch in batches for pair in (unpack(batch) if packing else row_pairs(batch))]
+    assert sorted(pairs) == sorted([((5, 5, 6, EOS), (9, 9, EOS)), sample_of_third, (second, (9, 9, EOS))]), packing
+
+
+def test_bpe_dropout_resumed_run_trains_every_pair_once_on_a_new_sample(train_ids):
+  """A resumed run draws another sample of its epoch (SentencePiece's cannot be repeated): the pairs after the
+  saved position are each trained once, packed anew."""
+  pairs = tuple(batching.Ragged.from_lists([ids[i] for i in range(2000)]) for ids in train_ids)
+  index = {}  # Any segmentation of a pair -> the pair.
+  for i in range(len(pairs[0])):
+    for source_epoch in (None, 0, 1):
+      for target_epoch in (None, 0, 1):
+        key = tuple(tuple(ids[i] if epoch is None else finer(batching.Ragged.from_lists([ids[i]]), epoch)[0])
+                    + (EOS,) for ids, epoch in zip(pairs, (source_epoch, target_epoch)))
+        index[key] = i
+  for packing in (False, True):
+    first = make_iterator(pairs, packing=packing, tokens_per_batch=8000,
+                          resegment=lambda epoch: [finer(ids, 0) for ids in pairs])
+    before = [next(first) for _ in range(3)]
+    resumed = make_iterator(pairs, packing=packing, tokens_per_batch=8000,
+                            resegment=lambda epoch: [finer(ids, 1) for ids in pairs])  # Another sample.
+    resumed.set_state(first.get_state())
+    after, _, _ = one_epoch(resumed)
+    read = unpack if packing else row_pairs
+    seen = collections.Counter(index[pair] for batch in before + after for pair in read(batch))
+    assert seen == collections.Counter(range(len(pairs[0]))), packing  # All 2,000 kept, each once.
+    assert unpack(after[0]) != unpack(next(first)) if packing else True  # Packed anew from the saved position.
+
+
+def test_bpe_dropout_resegment_must_give_both_sides_of_every_pair(train_ids):
+  for wrong in ([train_ids[0]], [train_ids[0], train_ids[1], train_ids[1]],
+                [batching.Ragged.from_lists([ids[i] for i in range(10)]) for ids in train_ids]):
+    iterator = make_iterator(train_ids, packing=True, resegment=lambda epoch, wrong=wrong: wrong)
+    with pytest.raises(ValueError, match=r'resegment\(0\) must give \[source ids, target ids\] of 8000 sequences'):
+      next(iterator)
+
+
+def test_ragged_where_takes_each_sequence_from_its_side():
+  first = batching.Ragged.from_lists([[1, 2], [], [3], [4, 5, 6]])
+  second = batching.Ragged.from_lists([[7], [8, 9], [], [10]])
+  chosen = first.where(np.array([True, False, False, True]), second)
+  assert [chosen[i].tolist() for i in range(4)] == [[1, 2], [8, 9], [], [4, 5, 6]]
+  assert chosen.values.dtype == np.int32 and chosen.offsets.tolist() == [0, 2, 4, 4, 7]
+  assert first.where(np.ones(4, bool), second).values.tolist() == first.values.tolist()
+  assert first.where(np.zeros(4, bool), second).values.tolist() == second.values.tolist()
+  with pytest.raises(ValueError, match=r'bool condition .* got int64 \[4\]'):
+    first.where(np.array([1, 0, 0, 1]), second)
+  with pytest.raises(ValueError, match='4 and 3 sequences'):
+    first.where(np.ones(4, bool), batching.Ragged.from_lists([[1], [2], [3]]))
+
+
+def test_skips_empty_and_overlong_pairs(caplog):
+  source = [[5, 6], [], [5], [7] * 20, [8] * 15, [9]]
+  target = [[7], [5], [], [6], [6], [9] * 16]
+  with caplog.at_level(logging.INFO):
+    iterator = batching.TrainIterator(source, target, tokens_per_batch=64, max_length=16,
+                                            bucket_lengths=(4, 8))
+  assert 'skipped 2 with an empty side and 2 longer than max_length=16' in caplog.text
+  assert iterator.shapes == [(4, 16)]  # The lone pair of bucket 4 moves up to bucket 16 (max_length).
+  batches, _, _ = one_epoch(iterator)
+  assert sorted(pair for batch in batches for pair in row_pairs(batch)) == [
+      ((5, 6, EOS), (7, EOS)), ((8,) * 15 + (EOS,), (6, EOS))]
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_same_seed_same_batches(train_ids, packing):
+  first, second = make_iterator(train_ids, packing=packing), make_iterator(train_ids, packing=packing)
+  other = make_iterator(train_ids, packing=packing, shuffle_seed=1)
+  for _ in range(4):
+    batch = next(first)
+    assert_batches_equal(batch, next(second))
+  assert not np.array_equal(next(first)['source_tokens'], next(other)['source_tokens'])
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_restored_iterator_continues_identically(train_ids, packing):
+  iterator = make_iterator(train_ids, packing=packing)
+  for _ in range(3):
+    next(iterator)
+  state = json.loads(json.dumps(iterator.get_state()))  # Checkpoints store it as JSON.
+  expected = [next(iterator) for _ in range(2)]
+  restored = make_iterator(train_ids, packing=packing)
+  restored.set_state(state)
+  for batch in expected:
+    assert_batches_equal(batch, next(restored))
+
+  _, end_state, first_of_next_epoch = one_epoch(make_iterator(train_ids, packing=packing))
+  restored.set_state(end_state)
+  assert_batches_equal(next(restored), first_of_next_epoch)
+  assert restored.get_state()['epoch'] == 1
+
+
+def test_set_state_rejects_bad_keys(train_ids):
+  with pytest.raises(ValueError, match=r"got \['epoch', 'step'\]"):
+    make_iterator(train_ids).set_state({'epoch': 0, 'step': 3})
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_host_slices_concatenate_to_global_batch(train_ids, packing):
+  whole = make_iterator(train_ids, packing=packing, batch_size_multiple=2)
+  hosts = [make_iterator(train_ids, packing=packing, batch_size_multiple=2, process_index=i, process_count=2)
+           for i in range(2)]
+  for _ in range(3):
+    batch, parts = next(whole), [next(host) for host in hosts]
+    assert len(parts[0]['source_tokens']) == len(batch['source_tokens']) // 2
+    assert_batches_equal(batch, {key: np.concatenate([part[key] for part in parts]) for key in batch})
+
+
+def test_batch_size_errors(train_ids):
+  with pytest.raises(ValueError, match='tokens_per_batch=500 is too small for length 64 with batch_size_multiple=8'):
+    make_iterator(train_ids, tokens_per_batch=500, batch_size_multiple=8)
+  with pytest.raises(ValueError, match=r'does not divide by process_count=2'):
+    make_iterator(train_ids, batch_size_multiple=3, process_count=2)
+
+
+def test_measure_throughput_counts_the_batches_it_reads(train_ids):
+  batches = [next(iterator) for iterator in [make_iterator(train_ids)] for _ in range(5)]
+  stats = batching.measure_throughput(iter(batches), 5)
+  tokens = sum(int(np.count_nonzero(b[k])) for b in batches for k in ('source_tokens', 'target_tokens'))
+  slots = sum(b[k].size for b in batches for k in ('source_tokens', 'target_tokens'))
+  assert stats['padding_fraction'] == pytest.approx(1 - tokens / slots)
+  assert stats['tokens_per_sec'] / stats['batches_per_sec'] == pytest.approx(tokens / 5)
+  assert stats['distinct_shapes'] == len({(b['source_tokens'].shape, b['target_tokens'].shape) for b in batches})
+
+
+def test_overlong_evaluation_targets_are_left_out_of_the_loss_not_cut(caplog):
+  """#16 item 10: cut to max_length, a target ends in an EOS the reference lacks, and the loss scores it."""
+  source = [[5, 6], [7] * 20, [8, 9], [5]]
+  target = [[10] * 20, [11, 12], [13], [14] * 7]  # Line 1 is too long (21 > 8 with EOS); line 4 just fits.
+  with caplog.at_level(logging.WARNING):
+    batches = batching.eval_batches(source, target, tokens_per_batch=64, max_length=8, bucket_lengths=(8,))
+  assert '1 of 4 evaluation lines longer than data.max_length=8 (EOS included) on the target side: left out of ' \
+         'the validation loss' in caplog.text and 'Lines [1].' in caplog.text
+  assert 'Truncated 1 of 4 source sentences to max_length=8 tokens (EOS included); lines [2].' in caplog.text
+  rows = {}
+  for batch in batches:
+    for index, *row in zip(batch['example_index'], batch['source_tokens'], batch['target_tokens'],
+                           batch['decoder_input_tokens']):
+      rows[int(index)] = [list(part[part != 0]) for part in row]
+  assert rows[0] == [[5, 6, EOS], [], []]  # Still translated; no target token weighs in the loss.
+  assert rows[1] == [[7] * 7 + [EOS], [11, 12, EOS], [BOS, 11, 12]]  # A long source is cut, as before.
+  assert rows[3] == [[5, EOS], [14] * 7 + [EOS], [BOS] + [14] * 7]
+  weights = sum(int((batch['target_tokens'] != 0).sum()) for batch in batches)
+  assert weights == 3 + 2 + 8
+
+
+def test_few_line_numbers_then_a_count():
+  assert batching._few(np.arange(1, 3)) == '[1, 2]'
+  assert batching._few(np.arange(1, 2001)) == '[1, 2, 3, 4, 5] and 1995 more'

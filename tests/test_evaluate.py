@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import decoding
+from transformer_jax import batching
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import tokenizer as tokenizer_lib
@@ -126,15 +127,15 @@ def test_translate_keeps_every_line_in_order_with_blank_lines(multi30k_dir, tmp_
       vocab_size=tokenizer.vocab_size, num_layers=1, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8))
   params = nn.unbox(model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32)))['params']
   source = input_pipeline.encode(tokenizer, lines)
-  batches = input_pipeline.eval_batches(source, input_pipeline.Ragged.from_lists([[]] * len(lines)),
+  batches = batching.eval_batches(source, batching.Ragged.from_lists([[]] * len(lines)),
                                         tokens_per_batch=32, max_length=16, bucket_lengths=(4, 8, 16))
   assert sum(int(np.sum(b['example_index'] >= 0)) for b in batches) == len(lines)
   outputs = translation.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
                                   extra_length=3)
   assert len(outputs) == len(lines) and all(isinstance(o, str) for o in outputs)
   # Each line's output is its own: decoding a line alone gives the same text as in the batch.
-  alone = input_pipeline.eval_batches(input_pipeline.encode(tokenizer, [lines[2]]),
-                                      input_pipeline.Ragged.from_lists([[]]), tokens_per_batch=32,
+  alone = batching.eval_batches(input_pipeline.encode(tokenizer, [lines[2]]),
+                                      batching.Ragged.from_lists([[]]), tokens_per_batch=32,
                                       max_length=16, bucket_lengths=(4, 8, 16))
   assert translation.translate(params, alone, tokenizer, 1, model=model, beam_size=2, alpha=0.6,
                                extra_length=3) == [outputs[2]]

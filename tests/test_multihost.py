@@ -3,7 +3,7 @@ compute what one process computes on the same global batch; and the rule that de
 
 The processes run this file as a script (`_worker_main`): each sees 2 fake CPU devices, so the pair forms a
 4-device mesh (data=2 across the processes, fsdp=2 within each), reads its half of every global batch from
-input_pipeline.TrainIterator and assembles global arrays with experiment.Setup.device_batch. The reference is one
+batching.TrainIterator and assembles global arrays with experiment.Setup.device_batch. The reference is one
 process with 4 devices.
 """
 import argparse
@@ -24,6 +24,7 @@ import pytest
 from transformer_jax import distributed
 from transformer_jax import evaluate
 from transformer_jax import experiment
+from transformer_jax import batching
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -70,8 +71,8 @@ def _random_state(model, tx, mesh, rules, batch):
 
 def _translate(s, params, num_sentences=10) -> list[list[int]]:
   """Beam search over the first sentences of the corpus, each process feeding its rows of every batch."""
-  source = input_pipeline.Ragged.from_lists(_corpus()[0][:num_sentences])
-  batches = input_pipeline.eval_batches(
+  source = batching.Ragged.from_lists(_corpus()[0][:num_sentences])
+  batches = batching.eval_batches(
       source, source, tokens_per_batch=64, max_length=s.config.data.max_length, bucket_lengths=(16,),
       batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
   outputs = translation.decode_all(params, batches, num_sentences, model=s.model, beam_size=2, alpha=0.6,
@@ -93,7 +94,7 @@ def _worker_main() -> None:
   model = model_lib.Transformer(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model))
   tx = optim.make_optimizer(optim.rsqrt_schedule(config.model.d_model, config.train.warmup_steps))
   s = experiment.Setup(config, None, mesh, rules, None, model, tx, None, None)
-  iterator = input_pipeline.TrainIterator.from_config(
+  iterator = batching.TrainIterator.from_config(
       config.data, *_corpus(), batch_size_multiple=s.data_shards, process_index=jax.process_index(),
       process_count=jax.process_count())
   batches = [next(iterator) for _ in range(max(args.steps, 1))]
@@ -117,11 +118,10 @@ def _worker_main() -> None:
       state, metrics = train_fn(state, s.device_batch(batch))
       losses.append(float(metrics['loss_sum'] / metrics['token_count']))
     translations = _translate(s, state.params) if not args.steps else []
-  # BPE-dropout's samples differ from process to process: every process trains on process 0's (train.py).
-  own = input_pipeline.Ragged.from_lists(_corpus(seed=1 + jax.process_index())[0])
-  train._BROADCAST_CHUNK = 256  # pylint: disable=protected-access  (~1,000 ids: several chunks, the last one padded)
-  shared = train._broadcast_ragged(  # pylint: disable=protected-access
-      own if jax.process_index() == 0 else None, len(own))
+  # BPE-dropout's samples differ from process to process: every process trains on process 0's (input_pipeline.py).
+  own = batching.Ragged.from_lists(_corpus(seed=1 + jax.process_index())[0])
+  input_pipeline._BROADCAST_CHUNK = 256  # pylint: disable=protected-access  (~1,000 ids: several chunks, the last padded)
+  shared = input_pipeline.broadcast_ragged(own if jax.process_index() == 0 else None, len(own))
   result = {'joined': joined, 'process_index': jax.process_index(), 'process_count': jax.process_count(),
             'device_count': jax.device_count(), 'local_rows': [len(b['source_tokens']) for b in batches],
             'eval_loss': float(sums['loss_sum'] / sums['token_count']), 'eval_tokens': float(sums['token_count']),

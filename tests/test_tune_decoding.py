@@ -10,6 +10,7 @@ from transformer_jax import bleu
 from transformer_jax import evaluate
 from transformer_jax import config_checks
 from transformer_jax import experiment
+from transformer_jax import input_pipeline
 from transformer_jax import translation
 from transformer_jax import tune_decoding
 
@@ -23,11 +24,11 @@ def test_every_pair_of_the_grid_reaches_the_search_on_the_validation_split_only(
   config = config_checks.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
   config.data.test_files = str(tmp_path / 'absent.en') + ',' + str(tmp_path / 'absent.de')  # Read: an error.
   searched, encoded = [], []
-  translate, encode_split = translation.translate, experiment.encode_split
+  translate, encode_split = translation.translate, input_pipeline.encode_split
   monkeypatch.setattr(translation, 'translate', lambda *args, **kwargs: (
       searched.append((kwargs['beam_size'], kwargs['alpha'])), translate(*args, **kwargs))[1])
-  monkeypatch.setattr(experiment, 'encode_split', lambda setup, split: (
-      encoded.append(split), encode_split(setup, split))[1])
+  monkeypatch.setattr(input_pipeline, 'encode_split', lambda data_config, tokenizer, split: (
+      encoded.append(split), encode_split(data_config, tokenizer, split))[1])
   result = tune_decoding.tune_decoding(config, str(workdir), [1, 2], [0.0, 1.5])
   assert searched == [(1, 0.0), (1, 1.5), (2, 0.0), (2, 1.5)]  # Each override reaches the search.
   assert encoded == [config.data.eval_split]
@@ -48,7 +49,7 @@ def test_rows_equal_the_evaluation_of_the_same_decoding(tmp_path, corpus, refere
   setup = experiment.setup(config, str(workdir), data_splits=(config.data.eval_split,))
   try:
     params, _ = evaluate.load_params(setup)
-    split = experiment.encode_split(setup, config.data.eval_split)
+    split = input_pipeline.encode_split(setup.config.data, setup.tokenizer, config.data.eval_split)
     hypotheses = evaluate.translate_ids(setup, params, split.source_ids, beam_size=2, alpha=0.6)
   finally:
     setup.close()

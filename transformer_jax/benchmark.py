@@ -24,7 +24,7 @@ import numpy as np
 
 from transformer_jax import experiment
 from transformer_jax import flops as flops_lib
-from transformer_jax import input_pipeline
+from transformer_jax import batching
 from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
@@ -108,7 +108,7 @@ def _fitting_step(setup, step_fn, abstract_state, batch_size: int):
   """
   bench = setup.config.benchmark
   num_shards = setup.rows_multiple
-  requested = batch_size = input_pipeline.padded_rows(batch_size, num_shards)
+  requested = batch_size = batching.padded_rows(batch_size, num_shards)
   batch_sharding = sharding.batch_sharding(setup.mesh)
   while True:
     lengths = {'source_tokens': bench.source_length, 'decoder_input_tokens': bench.target_length,
@@ -126,7 +126,7 @@ def _fitting_step(setup, step_fn, abstract_state, batch_size: int):
         logging.warning(message)
         print(message)
       return batch_size, compiled, compile_time
-    smaller = input_pipeline.padded_rows(max(batch_size // 2, 1), num_shards)
+    smaller = batching.padded_rows(max(batch_size // 2, 1), num_shards)
     if smaller >= batch_size:
       raise memory.DoesNotFitError(
           f'The benchmark train step at batch [{batch_size}, {bench.source_length} + {bench.target_length}] '

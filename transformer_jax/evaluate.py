@@ -21,6 +21,7 @@ import numpy as np
 from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import experiment
+from transformer_jax import batching
 from transformer_jax import input_pipeline
 from transformer_jax import losses
 from transformer_jax import metrics as metrics_lib
@@ -85,7 +86,7 @@ def validate(setup: Setup, eval_fn, params, eval_batches, step: int) -> dict[str
     setup: the Setup.
     eval_fn: `jit_eval_step`'s function.
     params: the parameters, placed as for training.
-    eval_batches: this host's rows of every validation batch (`experiment.make_eval_batches`).
+    eval_batches: this host's rows of every validation batch (`input_pipeline.split_eval_batches`).
     step: the training step, for the log line.
   """
   # Global arrays: with several processes each host holds its rows of every batch (multi-host safe).
@@ -100,8 +101,8 @@ def translate_ids(setup: Setup, params, source_ids, target_ids=None, beam_size: 
   """Beam search (decode.*; `beam_size` and `alpha` override decode.beam_size and decode.alpha) over tokenised
   sources, in order."""
   if target_ids is None:
-    target_ids = input_pipeline.Ragged.from_lists([[] for _ in range(len(source_ids))])
-  batches = experiment.make_eval_batches(setup, source_ids, target_ids)
+    target_ids = batching.Ragged.from_lists([[] for _ in range(len(source_ids))])
+  batches = input_pipeline.split_eval_batches(setup.config.data, source_ids, target_ids, setup.data_shards)
   decode_cfg = setup.config.decode
   return translation.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
                                 beam_size=beam_size or decode_cfg.beam_size,
@@ -218,13 +219,13 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
     if not setup.config.train.translate_at_end:
       _write_final_metrics(setup, output_dir, results, steps, params, run_info)
       return results
-    eval_split = eval_split or experiment.encode_split(setup, data_cfg.eval_split)
+    eval_split = eval_split or input_pipeline.encode_split(setup.config.data, setup.tokenizer, data_cfg.eval_split)
     hypotheses, scores, _ = translate_split(setup, params, eval_split)
     results |= {'validation_bleu': scores['bleu'],
                 'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu'],
                 'validation_length_ratio': scores['length_ratio']}
     _write_hypotheses(setup, output_dir, data_cfg.eval_split, hypotheses)
-    test_split = test_split or experiment.encode_split(setup, data_cfg.test_split)
+    test_split = test_split or input_pipeline.encode_split(setup.config.data, setup.tokenizer, data_cfg.test_split)
     hypotheses, scores, seconds = translate_split(setup, params, test_split)
   path = _write_hypotheses(setup, output_dir, data_cfg.test_split, hypotheses)
   results |= {key: scores[key] for key in SCORES}
@@ -300,9 +301,9 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
       (data_cfg.test_split,) if config.train.translate_at_end else ()), lock='evaluate')
   output_dir = new_evaluation_dir(workdir)
   try:
-    eval_split = experiment.encode_split(setup, data_cfg.eval_split)
+    eval_split = input_pipeline.encode_split(setup.config.data, setup.tokenizer, data_cfg.eval_split)
     eval_fn = jit_eval_step(setup, sharding.shardings_of(setup.abstract_state().params))
-    batches = experiment.make_eval_batches(setup, eval_split.source_ids, eval_split.target_ids)
+    batches = input_pipeline.split_eval_batches(setup.config.data, eval_split.source_ids, eval_split.target_ids, setup.data_shards)
     results = final_evaluation(setup, eval_fn, batches, eval_split=eval_split, output_dir=output_dir)
   finally:
     setup.close()

@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-from typing import Any, NamedTuple
+from typing import Any
 
 from absl import logging
 from etils import epath
@@ -339,34 +339,6 @@ def _check_writable(workdir: str) -> None:
     probe.unlink()
   except OSError as e:
     raise OSError(f'--workdir={workdir} is not writable: {e}') from e
-
-
-class Split(NamedTuple):
-  """One split, read and tokenised, in file order (`encode_split`)."""
-  source_texts: list[str]
-  target_texts: list[str]  # The references BLEU scores against.
-  source_ids: input_pipeline.Ragged
-  target_ids: input_pipeline.Ragged
-
-
-def encode_split(setup: Setup, split: str) -> Split:
-  """Reads split `split` (data.*_split's name) and tokenises both sides with the run's vocabulary.
-
-  Raises:
-    ValueError, FileNotFoundError: from `input_pipeline.load_split` (a missing or mismatched file).
-  """
-  source, target = input_pipeline.load_split(setup.config.data, split)
-  return Split(source, target, input_pipeline.encode(setup.tokenizer, source),
-               input_pipeline.encode(setup.tokenizer, target))
-
-
-def make_eval_batches(setup: Setup, source_ids, target_ids) -> list[dict[str, np.ndarray]]:
-  """Evaluation batches of a whole split (`input_pipeline.eval_batches`) for this host."""
-  data_cfg = setup.config.data
-  return input_pipeline.eval_batches(
-      source_ids, target_ids, tokens_per_batch=data_cfg.tokens_per_batch, max_length=data_cfg.max_length,
-      bucket_lengths=data_cfg.bucket_lengths, batch_size_multiple=setup.data_shards,
-      process_index=jax.process_index(), process_count=jax.process_count())
 
 
 def log_backend(config) -> None:

@@ -17,7 +17,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import input_pipeline
+from transformer_jax import batching
 from transformer_jax import sharding
 
 _MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes',
@@ -116,14 +116,14 @@ def largest_batch_shape(data_config, num_shards: int) -> tuple[int, int]:
   The longest bucket has the fewest rows but the largest attention matrices (batch * length^2 per head, i.e.
   tokens_per_batch * length), so it bounds the step's memory; packed batches use the same row length. Its
   tokens_per_batch // length rows are padded to a multiple of num_shards (data shards x train.grad_accum_steps),
-  as `input_pipeline.TrainIterator` pads them.
+  as `batching.TrainIterator` pads them.
 
   Raises:
-    ValueError: if the batch size rounds down to 0 (see `input_pipeline.batch_size_for`).
+    ValueError: if the batch size rounds down to 0 (see `batching.batch_size_for`).
   """
-  length = int(input_pipeline.bucket_lengths_for(data_config.bucket_lengths, data_config.max_length)[-1])
-  rows = input_pipeline.batch_size_for(length, data_config.tokens_per_batch, 1)
-  return input_pipeline.padded_rows(rows, num_shards), length
+  length = int(batching.bucket_lengths_for(data_config.bucket_lengths, data_config.max_length)[-1])
+  rows = batching.batch_size_for(length, data_config.tokens_per_batch, 1)
+  return batching.padded_rows(rows, num_shards), length
 
 
 def abstract_batch(data_config, shape: tuple[int, int], batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
@@ -147,7 +147,7 @@ def check_train_step(setup, train_fn, shapes: Sequence[tuple[int, int]] | None =
   Args:
     setup: the `experiment.Setup`.
     train_fn: the jitted step training runs (`train.jit_train_step` for `setup.state_sharding()`).
-    shapes: the global [batch, length] shapes training will feed (`input_pipeline.TrainIterator.shapes`); the
+    shapes: the global [batch, length] shapes training will feed (`batching.TrainIterator.shapes`); the
       longest (then the widest) is checked. None: `largest_batch_shape` of the config, for the data unseen.
 
   Returns:

@@ -14,14 +14,13 @@ Reliability, as the loop implements it:
   - Start-up: config values, input files, the workdir (writable, no incompatible run in it) and, when
     translating at the end, the test split are checked before training (`experiment.setup`).
 """
-from collections.abc import Callable
 import datetime
 import functools
 import json
 import signal
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from absl import logging
 from etils import epath
@@ -265,92 +264,7 @@ class _StopRequest:
     return self.reason is not None
 
 
-class _Data(NamedTuple):
-  """The splits a training run reads, all loaded before the first step (so that bad files fail early)."""
-  train_iter: input_pipeline.TrainIterator
-  eval_batches: list[dict[str, np.ndarray]]
-  eval_split: experiment.Split  # The validation split (its texts for validation BLEU).
-  test: experiment.Split | None  # The test split when train.translate_at_end, else None.
-
-
-def _bpe_dropout(setup: Setup, source: list[str], target: list[str]
-                 ) -> Callable[[int], list[input_pipeline.Ragged]] | None:
-  """TrainIterator's `resegment` for data.bpe_dropout_rate > 0, else None.
-
-  Returns:
-    epoch -> [source ids, target ids], a new BPE-dropout sample of every training pair at each call (~1 s per
-    epoch on Multi30k, ~1 min on WMT 2014, in the training loop). SentencePiece's samples differ between
-    processes whatever the seed (`tokenizer.Tokenizer.encode`), so with several processes process 0 samples
-    and broadcasts them (`_broadcast_ragged`), and the other processes keep no text.
-  """
-  rate = setup.config.data.bpe_dropout_rate
-  if not rate:
-    return None
-  num_pairs = len(source)
-  if jax.process_index() != 0:
-    source = target = None  # Only process 0 samples.
-
-  def resegment(epoch: int) -> list[input_pipeline.Ragged]:
-    del epoch  # A new sample at every call.
-    sides = [input_pipeline.encode(setup.tokenizer, texts, bpe_dropout_rate=rate) if texts is not None else None
-             for texts in (source, target)]
-    return sides if jax.process_count() == 1 else [_broadcast_ragged(ids, num_pairs) for ids in sides]
-  return resegment
-
-
-_BROADCAST_CHUNK = 1 << 22  # Tokens (16 MiB of int32) per broadcast: one compiled shape, bounded device memory.
-
-
-def _broadcast_ragged(ids: input_pipeline.Ragged | None, num_sequences: int) -> input_pipeline.Ragged:
-  """Process 0's `ids` on every process: a collective that every process calls at the same point.
-
-  Args:
-    ids: on process 0, num_sequences sequences of int32 ids; None on the others.
-    num_sequences: the number of sequences, the same on every process.
-
-  Returns:
-    Process 0's ids, int32, in chunks of _BROADCAST_CHUNK tokens.
-
-  Raises:
-    ValueError: on process 0, if ids does not hold num_sequences sequences (before any collective).
-  """
-  if ids is not None and len(ids) != num_sequences:
-    raise ValueError(f'Process 0 has {len(ids)} sequences to broadcast, the processes expect {num_sequences}.')
-  lengths = ids.lengths if ids is not None else np.zeros(num_sequences, np.int64)
-  lengths = np.asarray(multihost_utils.broadcast_one_to_all(lengths.astype(np.int32)), np.int64)
-  offsets = input_pipeline.offsets_of(lengths)
-  values = np.zeros(-(-offsets[-1] // _BROADCAST_CHUNK) * _BROADCAST_CHUNK, np.int32)
-  if ids is not None:
-    values[:offsets[-1]] = ids.values
-  chunks = [np.asarray(multihost_utils.broadcast_one_to_all(values[start:start + _BROADCAST_CHUNK]))
-            for start in range(0, len(values), _BROADCAST_CHUNK)]
-  return input_pipeline.Ragged(np.concatenate(chunks or [values])[:offsets[-1]].astype(np.int32), offsets)
-
-
-def _load_data(setup: Setup) -> _Data:
-  """Reads and tokenises every split the run needs, and logs the counts and the time it took."""
-  data_cfg, start = setup.config.data, time.perf_counter()
-  train_source, train_target = input_pipeline.load_split(data_cfg, data_cfg.train_split)
-  train_iter = input_pipeline.TrainIterator.from_config(
-      data_cfg, input_pipeline.encode(setup.tokenizer, train_source),
-      input_pipeline.encode(setup.tokenizer, train_target),
-      pad_rows_to=setup.rows_multiple, process_index=jax.process_index(),
-      process_count=jax.process_count(), resegment=_bpe_dropout(setup, train_source, train_target))
-  num_train = len(train_source)
-  del train_source, train_target
-  eval_split = experiment.encode_split(setup, data_cfg.eval_split)
-  if not any(eval_split.target_texts):
-    raise ValueError(f'The validation split {data_cfg.eval_split!r} has no non-empty pair '
-                     f'({input_pipeline.split_source(data_cfg, data_cfg.eval_split)}): nothing to validate on.')
-  test = experiment.encode_split(setup, data_cfg.test_split) if setup.config.train.translate_at_end else None
-  logging.info('Data: %d training pairs (%s), %d validation (%s)%s, read and tokenised in %.1f s.', num_train,
-               data_cfg.train_split, len(eval_split.source_texts), data_cfg.eval_split,
-               f', {len(test.source_texts)} test ({data_cfg.test_split})' if test else '', time.perf_counter() - start)
-  return _Data(train_iter, experiment.make_eval_batches(setup, eval_split.source_ids, eval_split.target_ids),
-               eval_split, test)
-
-
-def _restore_or_init(setup: Setup, data: _Data) -> TrainState:
+def _restore_or_init(setup: Setup, data: input_pipeline.RunData) -> TrainState:
   """The newest readable checkpoint's state (and iterator position), else a new state."""
   abstract = setup.abstract_state()
   newest = setup.checkpoints.latest_step()
@@ -367,7 +281,7 @@ def _restore_or_init(setup: Setup, data: _Data) -> TrainState:
   return restored.state
 
 
-def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: _Data, writer,
+def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: input_pipeline.RunData, writer,
                 stop: _StopRequest, progress: _Progress, timeline: goodput.Timeline
                 ) -> tuple[TrainState, int | None]:
   """Steps state.step + 1 .. train.num_train_steps; returns (state, the step it stopped at on request or None).
@@ -466,7 +380,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     if finished is not None:
       return finished
     with timeline.stage('setup'):
-      data = _load_data(setup)
+      data = input_pipeline.load_run_data(
+          config.data, setup.tokenizer, rows_multiple=setup.rows_multiple, data_shards=setup.data_shards,
+          with_test=config.train.translate_at_end)
       state_sharding = setup.state_sharding()
       train_fn = jit_train_step(setup, state_sharding)
       # Stops before any state is allocated if the step cannot fit.

@@ -101,7 +101,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
                log_every_seconds: float = 20.0) -> list[np.ndarray]:
   """The best hypothesis of every sentence of `batches`, in the original order.
 
-  With `batch_sharding`, each batch holds this process's rows of a global batch (`input_pipeline.eval_batches`
+  With `batch_sharding`, each batch holds this process's rows of a global batch (`batching.eval_batches`
   with process_index/process_count): the rows become one global array split over the devices of every
   process, the search runs on all of them together, and every process receives every row back. Without it,
   the batch is decoded on the default device (one process).

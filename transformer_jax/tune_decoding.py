@@ -18,6 +18,7 @@ import jax
 
 from transformer_jax import evaluate
 from transformer_jax import experiment
+from transformer_jax import input_pipeline
 
 SWEEP_FILE = 'decoding_sweep.json'
 
@@ -67,7 +68,7 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
   split_name = config.data.eval_split
   setup = experiment.setup(config, workdir, data_splits=(split_name,))
   try:
-    split = experiment.encode_split(setup, split_name)
+    split = input_pipeline.encode_split(setup.config.data, setup.tokenizer, split_name)
     params, steps = evaluate.load_params(setup)
     rows = []
     with setup.mesh_context():
