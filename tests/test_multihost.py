@@ -3,7 +3,7 @@ compute what one process computes on the same global batch; and the rule that de
 
 The processes run this file as a script (`_worker_main`): each sees 2 fake CPU devices, so the pair forms a
 4-device mesh (data=2 across the processes, fsdp=2 within each), reads its half of every global batch from
-batching.TrainIterator and assembles global arrays with experiment.Setup.device_batch. The reference is one
+batching.TrainIterator and assembles global arrays with experiment.Build.device_batch. The reference is one
 process with 4 devices.
 """
 import argparse
@@ -92,8 +92,9 @@ def _worker_main() -> None:
   config = _config()
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
   model = model_lib.Transformer(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model))
-  tx = optim.make_optimizer(optim.rsqrt_schedule(config.model.d_model, config.train.warmup_steps))
-  s = experiment.Setup(config, None, mesh, rules, None, model, tx, None, None)
+  schedule = optim.rsqrt_schedule(config.model.d_model, config.train.warmup_steps)
+  tx = optim.make_optimizer(schedule)
+  s = experiment.Build(config, mesh, rules, model, tx, schedule)
   iterator = batching.TrainIterator.from_config(
       config.data, *_corpus(), batch_size_multiple=s.data_shards, process_index=jax.process_index(),
       process_count=jax.process_count())

@@ -55,12 +55,11 @@ def collective_counts(hlo_text: str) -> dict[str, int]:
   return dict(counts)
 
 
-def compile_train_step(config, workdir: str | None = None, devices=None) -> tuple[Any, dict[str, Any]]:
+def compile_train_step(config, devices=None) -> tuple[Any, dict[str, Any]]:
   """Lowers and compiles the sharded train step; nothing is executed, read or allocated.
 
   Args:
     config: the full ConfigDict (configs/*.py); the vocabulary size is `config.data.vocab_size`.
-    workdir: recorded in the Setup only (nothing is read from or written to it here).
     devices: the mesh's devices: a TPU slice's compile-only ones (`tpu_slices.devices`), or by default all
       of `jax.devices()`.
 
@@ -74,7 +73,7 @@ def compile_train_step(config, workdir: str | None = None, devices=None) -> tupl
     ValueError: for a bad config value (see `config_checks.validate_config`) or a mesh the model does not divide by.
     CompilerOutOfMemoryError: when the compiler itself finds the step too large for a device (TPU).
   """
-  setup = experiment.compute_setup(config, workdir, devices)  # Compile mode reads and writes nothing.
+  setup = experiment.compute_setup(config, devices)  # Compile mode reads and writes nothing.
   abstract_state = setup.abstract_state()
   shape = memory.largest_batch_shape(config.data, setup.rows_multiple)
   batch = memory.abstract_batch(config.data, shape, sharding.batch_sharding(setup.mesh))
@@ -279,7 +278,7 @@ def compile_only(config, workdir: str | None) -> dict[str, Any]:
   if config.compile.topology:
     figures = compile_for_slice(config)
   else:
-    compiled, figures = compile_train_step(config, workdir)
+    compiled, figures = compile_train_step(config)
     figures['fits_here'] = memory.fits(compiled)[1]
   print(format_report(figures))
   print(json.dumps(figures))

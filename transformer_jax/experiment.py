@@ -1,9 +1,10 @@
 """What every mode builds from the config before it trains, evaluates or translates (§5).
 
-`setup` checks everything that can be checked before a byte is written (the config values and input files,
-through `config_checks`; that the workdir is writable and holds no incompatible run), then loads or trains the
-vocabulary and builds the mesh, model, optimiser and checkpoint manager. `TrainState` and its (sharded)
-creation live here too, so that `Setup.abstract_state` can describe a checkpoint without initialising one.
+`compute_setup` checks the config (`config_checks`) and builds the mesh, model and optimiser (a `Build`: all
+that --mode=compile and --mode=benchmark need); `setup` also checks everything else that can be checked before
+a byte is written (input files, that the workdir is writable and holds no incompatible run), then loads or
+trains the vocabulary and opens the checkpoint managers (a `Setup`). `TrainState` and its (sharded) creation
+live here too, so that `Build.abstract_state` can describe a checkpoint without initialising one.
 """
 import contextlib
 import dataclasses
@@ -93,31 +94,18 @@ def sharded_train_state(rng, model, tx, batch, mesh, rules) -> tuple[TrainState,
 
 
 @dataclasses.dataclass
-class Setup:
-  """What every mode builds from the config: mesh, vocabulary, model, optimiser and checkpoint manager."""
+class Build:
+  """What every mode builds from the config without reading or writing anything: mesh, model and optimiser.
+
+  `compute_setup` makes it (--mode=compile and --mode=benchmark need no more); `Setup` adds the run folder's
+  vocabulary and checkpoints for the modes that read or write one.
+  """
   config: Any
-  workdir: str
   mesh: Mesh
   rules: Any
-  tokenizer: tokenizer_lib.Tokenizer
   model: model_lib.Transformer
   tx: optax.GradientTransformation
   schedule: optax.Schedule
-  checkpoints: checkpoints_lib.CheckpointManager
-  # The eval.average_best_n checkpoints (parameters only) with the best validation BLEU, when
-  # train.eval_bleu_every_steps > 0; else None.
-  best_checkpoints: checkpoints_lib.CheckpointManager | None = None
-  lock: workdir_lib.RunLock | None = None  # The run folder's lock, for the modes that write it.
-
-  def close(self) -> None:
-    """Waits for pending checkpoint saves, releases the checkpoint managers' threads, then the run's lock."""
-    try:
-      self.checkpoints.close()
-      if self.best_checkpoints is not None:
-        self.best_checkpoints.close()
-    finally:
-      if self.lock is not None:
-        self.lock.release()
 
   @property
   def data_shards(self) -> int:
@@ -126,7 +114,7 @@ class Setup:
 
   @contextlib.contextmanager
   def mesh_context(self):
-    """The mesh and its logical axis rules, as every jitted step of this Setup is traced and run under."""
+    """The mesh and its logical axis rules, as every jitted step of this build is traced and run under."""
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       yield
 
@@ -151,7 +139,7 @@ class Setup:
                         nn.unbox(abstract), shardings)
 
   def state_sharding(self):
-    """The TrainState's tree of NamedShardings on this Setup's mesh (`abstract_state`'s)."""
+    """The TrainState's tree of NamedShardings on this mesh (`abstract_state`'s)."""
     return sharding.shardings_of(self.abstract_state())
 
   def device_batch(self, batch: dict[str, np.ndarray]) -> Batch:
@@ -161,7 +149,29 @@ class Setup:
             for key, value in batch.items() if key != 'example_index'}
 
 
-def compute_setup(config, workdir: str | None = None, devices=None) -> Setup:
+@dataclasses.dataclass
+class Setup(Build):
+  """A `Build` with the run folder's vocabulary and checkpoint managers (`setup`): what training and evaluation use."""
+  workdir: str
+  tokenizer: tokenizer_lib.Tokenizer
+  checkpoints: checkpoints_lib.CheckpointManager
+  # The eval.average_best_n checkpoints (parameters only) with the best validation BLEU, when
+  # train.eval_bleu_every_steps > 0; else None.
+  best_checkpoints: checkpoints_lib.CheckpointManager | None = None
+  lock: workdir_lib.RunLock | None = None  # The run folder's lock, for the modes that write it.
+
+  def close(self) -> None:
+    """Waits for pending checkpoint saves, releases the checkpoint managers' threads, then the run's lock."""
+    try:
+      self.checkpoints.close()
+      if self.best_checkpoints is not None:
+        self.best_checkpoints.close()
+    finally:
+      if self.lock is not None:
+        self.lock.release()
+
+
+def compute_setup(config, devices=None) -> Build:
   """The I/O-free half of `setup`: config checks, mesh, model and optimiser; no tokenizer or checkpoints.
 
   Training (through `setup`), --mode=compile and --mode=benchmark all build the model, optimiser and mesh here,
@@ -169,7 +179,6 @@ def compute_setup(config, workdir: str | None = None, devices=None) -> Setup:
 
   Args:
     config: the ConfigDict (configs/base.py).
-    workdir: the run's folder (recorded only).
     devices: the mesh's devices; all of `jax.devices()` by default (compile: a TPU slice's, `tpu_slices`).
 
   Raises:
@@ -180,8 +189,8 @@ def compute_setup(config, workdir: str | None = None, devices=None) -> Setup:
   schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
   tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                             grad_clip_norm=train_cfg.grad_clip_norm)
-  return Setup(config, workdir, sharding.make_mesh(config.mesh, devices), sharding.logical_axis_rules(config.mesh),
-               tokenizer=None, model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule, checkpoints=None)
+  return Build(config, sharding.make_mesh(config.mesh, devices), sharding.logical_axis_rules(config.mesh),
+               model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule)
 
 
 def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setup:
@@ -205,7 +214,7 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
     tfds_downloads.DownloadError: when a TFDS dataset cannot be downloaded (before the workdir is created).
     workdir.WorkdirInUseError: when another process writes the run folder (nothing is written then).
   """
-  built = compute_setup(config, workdir)
+  built = compute_setup(config)
   model_cfg = built.model.cfg
   config_checks.check_data_files(config.data, data_splits)
   if data_splits:
@@ -232,8 +241,8 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
     if run_lock is not None:
       run_lock.release()
     raise
-  return dataclasses.replace(built, tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best,
-                             lock=run_lock)
+  return Setup(**{field.name: getattr(built, field.name) for field in dataclasses.fields(Build)}, workdir=workdir,
+               tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best, lock=run_lock)
 
 
 def _lock(workdir: str, purpose: str | None) -> workdir_lib.RunLock | None:

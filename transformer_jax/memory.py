@@ -145,7 +145,7 @@ def check_train_step(setup, train_fn, shapes: Sequence[tuple[int, int]] | None =
   compilation cache the loop's first step loads it instead of compiling again.
 
   Args:
-    setup: the `experiment.Setup`.
+    setup: the `experiment.Build` (or `Setup`).
     train_fn: the jitted step training runs (`train.jit_train_step` for `setup.state_sharding()`).
     shapes: the global [batch, length] shapes training will feed (`batching.TrainIterator.shapes`); the
       longest (then the widest) is checked. None: `largest_batch_shape` of the config, for the data unseen.

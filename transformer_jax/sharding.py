@@ -196,6 +196,6 @@ def describe(abstract_tree, shardings) -> str:
 
 
 def shardings_of(tree: Any) -> Any:
-  """The tree of `.sharding`s of a tree of arrays or ShapeDtypeStructs (e.g. `Setup.abstract_state()`'s), as
+  """The tree of `.sharding`s of a tree of arrays or ShapeDtypeStructs (e.g. `Build.abstract_state()`'s), as
   jit's in_shardings and out_shardings take them."""
   return jax.tree.map(lambda x: x.sharding, tree)

@@ -125,12 +125,12 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
   return new_state, metrics
 
 
-def jit_train_step(setup: Setup, state_sharding):
+def jit_train_step(setup: experiment.Build, state_sharding):
   """`train_step` jitted as training runs it (§5), for the mesh and config of `setup`.
 
   Args:
-    setup: the Setup (mesh, model, optimiser, train.label_smoothing, train.grad_accum_steps).
-    state_sharding: the TrainState's tree of NamedShardings (`Setup.state_sharding()`).
+    setup: the Build or Setup (mesh, model, optimiser, train.label_smoothing, train.grad_accum_steps).
+    state_sharding: the TrainState's tree of NamedShardings (`Build.state_sharding()`).
 
   Returns:
     train_fn(state, batch) -> (state, metrics), which donates the state it is given. Batches are split over the
