@@ -63,6 +63,7 @@ def copy_task_batch(rng, batch_size, length, vocab_size) -> dict[str, np.ndarray
   return {'source_tokens': source, 'target_tokens': target, 'decoder_input_tokens': decoder_input}
 
 
+@pytest.mark.integration
 def test_tiny_model_overfits_one_batch():
   model = model_lib.Transformer(tiny_model_config(dropout_rate=0.0))
   batch = jax.tree.map(jnp.asarray, copy_task_batch(np.random.default_rng(0), 4, 10, 32))
@@ -82,7 +83,8 @@ def test_tiny_model_overfits_one_batch():
   assert int(state.step) == 60 and float(metrics['nonfinite']) == 0.0
 
 
-def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypatch, tmp_path):
+@pytest.mark.integration
+def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypatch):
   traces = []
   original = train.train_step
 
@@ -98,7 +100,7 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
   schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
-  s = experiment.Setup(config, str(tmp_path), mesh, rules, None, model_lib.Transformer(model_cfg), tx, schedule, None)
+  s = experiment.Build(config, mesh, rules, model_lib.Transformer(model_cfg), tx, schedule)
   rng = np.random.default_rng(0)
   batch_a, batch_b = (copy_task_batch(rng, 8, 32, VOCAB_SIZE) for _ in range(2))
   batch_c, batch_d = (copy_task_batch(rng, 16, 16, VOCAB_SIZE) for _ in range(2))
