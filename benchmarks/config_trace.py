@@ -6,12 +6,13 @@ Runs `train.train_and_evaluate` on configs/tiny.py (the tests' synthetic corpus,
 final translation; in a temporary folder) under `sys.setprofile` and follows every call into the package that receives the configuration: the
 ConfigDict itself, one of its sections (config.data, config.train, ...), or an object holding it in a
 `config` attribute (`Setup`). Each call site is followed once (the first time a function calls a given
-function), so the training loop's repeated steps count once, like reading the code. The route is the
-sequence of modules control passes through along those calls and their returns; a **move** is a step from
-one module to another, a **climb** a move into a module that imports (directly or not) the one it leaves:
-going back up the import graph, as every return does and as a call from a low module into a high one does.
+function), so the training loop's repeated steps count once, like reading the code. The route is the module of
+each such call, in the order the calls are made (consecutive calls in one module count once); a **move** is a
+step of the route from one module to another, a **climb** a move into a module that imports (directly or not)
+the one before it: the reader goes back up the import graph, as when a stage returns from a deep call and the
+next call is made from higher up, or a low module calls into a high one.
 Prints the counts, the modules entered and how often, and with --show the route itself (module.function of
-each call followed, and the module returned to).
+each call followed, indented by depth).
 """
 import argparse
 import ast
@@ -90,8 +91,6 @@ class _Tracer:
       self.steps.append('  ' * (len(self.stack) - 1) + f'{filename.stem}.{frame.f_code.co_qualname}')
     elif event == 'return' and self.stack and self.stack[-1][0] is frame:
       self.stack.pop()
-      if self.stack:
-        self._enter(self.stack[-1][1])
 
 
 def main() -> None:
