@@ -136,6 +136,7 @@ def test_cached_beam_search_equals_uncached_search(seed, model_overrides):
   assert len(lengths) > 1  # Hypotheses of different lengths (EOS at different steps).
 
 
+@pytest.mark.integration
 def test_batch_composition_does_not_change_a_sentence():
   """The same sentence alone, beside much longer ones (more padding, a longer search) and at other batch sizes
   and rows gives the same tokens and scores: padding reaches no mask, position or length penalty."""

@@ -71,6 +71,7 @@ def test_analytic_flops_agree_with_xla_cost_analysis_on_base():
   assert abs(xla_flops / analytic - 1.0) < 0.10, (xla_flops, analytic)
 
 
+@pytest.mark.integration
 def test_bfloat16_step_loss_is_within_tolerance_of_float32():
   losses = {}
   for dtype in ('float32', 'bfloat16'):
@@ -108,11 +109,13 @@ def _run_benchmark(config, capsys):
   return results
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('name', ['tiny', 'multi30k'])
 def test_benchmark_mode_runs(name, capsys):
   _run_benchmark(load_config(name), capsys)
 
 
+@pytest.mark.integration
 def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, capsys):
   """The benchmark jits `train.jit_train_step` of a Setup built by `experiment.compute_setup`: its optimiser honours
   every train.* optimiser field (it once built its own Adam, ignoring them)."""

@@ -148,6 +148,7 @@ def test_table3_parameter_count_at_implied_vocabulary(row):
   assert abs(count / 1e6 - TABLE3.PAPER[row]['params_millions']) <= 0.5, f'{row}: {count / 1e6:.3f}M'
 
 
+@pytest.mark.integration
 def test_parameter_counts_do_not_depend_on_regularisation():
   base = table3_count('base')
   assert all(table3_count(row) == base for row in ('A1', 'A2', 'A3', 'A4', 'D1', 'D2', 'D3', 'D4'))

@@ -239,6 +239,7 @@ def test_greedy_matches_numpy():
     assert strip(greedy[b]) == tuple(history[2:])
 
 
+@pytest.mark.integration
 def test_jit_and_eager_trace_agree():
   # Under disable_jit the search's lax.while_loop / fori_loop run as Python loops, op by op: a genuinely
   # different execution of the same program (without it, the loops would be compiled in both runs).

@@ -78,6 +78,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.integration
 def test_main_stops_within_the_timeout_when_a_process_never_starts(tmp_path):
   env = {'JAX_COORDINATOR_ADDRESS': f'localhost:{_free_port()}', 'JAX_NUM_PROCESSES': '2', 'JAX_PROCESS_ID': '0'}
   result, seconds = _main(tmp_path, env, '--initialization_timeout_secs=3')  # Process 1 is never started.

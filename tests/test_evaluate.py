@@ -53,6 +53,7 @@ def strip(tokens):
   return tokens[:tokens.index(0)] if 0 in tokens else tokens
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('layer_norm_position', ['post', 'pre'])
 def test_cached_greedy_equals_uncached_greedy(layer_norm_position):
   model = make_model(layer_norm_position=layer_norm_position)
@@ -64,6 +65,7 @@ def test_cached_greedy_equals_uncached_greedy(layer_norm_position):
   assert {len(e) for e in expected} != {1}  # Not trivially EOS at once.
 
 
+@pytest.mark.integration
 def test_beam_one_with_alpha_zero_equals_greedy_and_lengths_are_bounded():
   model = make_model()
   params = init_params(model, seed=3)
@@ -102,6 +104,7 @@ def beam_search_with_memory_per_beam(model, params, source, beam_size, alpha, ex
   return tokens[:, 0]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('beam_size', [1, 3])
 def test_shared_memory_rows_and_cache_stages_give_the_reference_search(beam_size):
   model = make_model()

@@ -61,6 +61,7 @@ def step_fn(tx, grad_accum_steps):
                                    grad_accum_steps=grad_accum_steps))
 
 
+@pytest.mark.integration
 def test_uneven_micro_batches_give_the_merged_batch_gradient():
   """Micro-batches of 3 and 13 real target tokens: the summed gradient is the whole batch's, (x1+x2)/(n1+n2)."""
   batch = {'source_tokens': np.array([[5, 6, 2] + [0] * 13, [7, 8, 9, 2] + [0] * 12], np.int32),
@@ -86,6 +87,7 @@ def test_uneven_micro_batches_give_the_merged_batch_gradient():
                                                                  jax.tree.leaves(gradient(whole))))
 
 
+@pytest.mark.integration
 def test_two_steps_with_one_and_four_micro_batches_agree():
   """Float32, no dropout, Adam: 4 micro-batches of 4 rows = 1 batch of 16 rows after two updates. Tolerance
   1e-5 relative: the gradients differ only by the order of float32 sums (~1e-7), which Adam's first steps,
@@ -126,6 +128,7 @@ def test_batches_are_the_same_sentences_on_any_mesh_and_process_count():
     assert int(np.count_nonzero(a['target_tokens'])) == int(np.count_nonzero(b['target_tokens']))
 
 
+@pytest.mark.integration
 def test_losses_through_the_pipeline_agree_on_one_and_eight_devices():
   """The real pipeline feeds one device and a data=4 x tensor=2 mesh the same sentences: equal float32 losses."""
   from configs import base  # pylint: disable=g-import-not-at-top
@@ -204,6 +207,7 @@ def test_resume_with_another_tokens_per_batch_finishes_the_epoch_without_repeats
   assert sorted(seen) == sorted((*s, 2) for s in corpus()[0])  # Every pair of the epoch exactly once (EOS = 2).
 
 
+@pytest.mark.integration
 def test_accumulation_with_packing_remat_bf16_on_a_mesh_matches_one_batch():
   """grad_accum_steps=2 on data=2 x fsdp=2 x tensor=2 with packed rows, remat and bf16 products: the same
   losses as one batch on one device, within bf16 rounding (products of 8-bit mantissas, 2e-3 relative)."""

@@ -70,6 +70,7 @@ def test_feed_forward_bfloat16_compute_keeps_float32_params():
   assert module.apply(params, x).dtype == jnp.bfloat16
 
 
+@pytest.mark.integration
 def test_feed_forward_bfloat16_bias_gradients_are_float32_sums():
   # A bias gradient sums over every token. Summed in bf16 over these 2,048 tokens, b2's gradient was 1.0%
   # off the float32 module's (relative L2); added to the float32 accumulator it is 0.11% off. b1's error

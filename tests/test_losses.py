@@ -103,6 +103,7 @@ def test_bfloat16_logits_give_float32_sums():
   np.testing.assert_allclose(float(sums['loss_sum']), expected['loss_sum'], rtol=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('dtype,chunk_tokens', [(jnp.float32, 6), (jnp.float32, 1000), (jnp.bfloat16, 6)])
 def test_fused_loss_equals_reference_values_and_gradients(dtype, chunk_tokens):
   # The training loss: the fused, chunked form against the logits -> smoothed_cross_entropy reference, in value

@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from configs import multi30k
 from transformer_jax import logs
 from transformer_jax import workdir as workdir_lib
@@ -72,6 +74,7 @@ def test_misspelt_field_is_one_line_with_the_closest_name(tmp_path):
       'lists every field)']
 
 
+@pytest.mark.integration
 def test_user_errors_are_their_message_without_a_traceback(tmp_path):
   process = main(f'--config={REPO_ROOT}/configs/multi30k.py', f'--workdir={tmp_path}/run', '--config.data.manual_dir=typo',
                  cwd=tmp_path)
@@ -121,6 +124,7 @@ def test_library_info_records_are_dropped_and_their_warnings_kept():
   assert quiet.filter(record(f'{os.sep}repo{os.sep}transformer_jax{os.sep}train.py', logging.INFO))
 
 
+@pytest.mark.integration
 def test_compile_for_an_unknown_tpu_slice_is_one_line_without_a_workdir(tmp_path):
   process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=compile', '--config.compile.topology=v5e-7',
                  cwd=tmp_path)

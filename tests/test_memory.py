@@ -66,6 +66,7 @@ def test_benchmark_lowers_the_batch_until_the_step_fits(monkeypatch, capsys):
   assert results['batch_size'] == 16 == json.loads(out.strip().splitlines()[-1])['batch_size']
 
 
+@pytest.mark.integration
 def test_benchmark_stops_naming_the_fields_when_no_batch_fits(monkeypatch):
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The benchmark train step at batch \[8, 8 \+ 8\] needs .* '
@@ -74,6 +75,7 @@ def test_benchmark_stops_naming_the_fields_when_no_batch_fits(monkeypatch):
     benchmark.run(_tiny_benchmark_config(8))  # One row per data shard already.
 
 
+@pytest.mark.integration
 def test_train_step_check_names_the_batch_fields(monkeypatch):
   s = experiment.compute_setup(tiny.get_config())
   limit_memory(monkeypatch, 1024)
@@ -82,6 +84,7 @@ def test_train_step_check_names_the_batch_fields(monkeypatch):
     memory.check_train_step(s, train.jit_train_step(s, s.state_sharding()))
 
 
+@pytest.mark.integration
 def test_train_step_check_takes_the_longest_of_the_shapes_training_feeds(monkeypatch):
   # A packed run feeds one shape; the check compiles that one (which training then reuses), not the config's
   # longest bucket.

@@ -69,6 +69,7 @@ def test_decoder_is_causal():
   assert not np.allclose(changed_logits[0, 1:], logits[0, 1:], atol=1e-3)  # The change is visible later.
 
 
+@pytest.mark.integration
 def test_padded_source_tokens_do_not_matter():
   model = make_model()
   params = init_params(model)
@@ -95,6 +96,7 @@ def test_encoder_without_positions_is_permutation_equivariant():
   assert not np.allclose(permuted[0], memory[0, permutation], atol=1e-3)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('layer_norm_position, position_embedding', [('post', 'sinusoidal'), ('pre', 'learned')])
 def test_cached_decoding_matches_teacher_forcing(layer_norm_position, position_embedding):
   model = make_model(layer_norm_position=layer_norm_position, position_embedding=position_embedding)
@@ -124,6 +126,7 @@ def test_cached_decoding_matches_teacher_forcing(layer_norm_position, position_e
     np.testing.assert_allclose(logits[t], full[:, t], rtol=1e-5, atol=1e-5, err_msg=f'step {t}')
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('position_embedding', ['sinusoidal', 'learned'])
 def test_packed_batch_equals_unpacked(position_embedding):
   model = make_model(position_embedding=position_embedding)
@@ -146,6 +149,7 @@ def test_packed_batch_equals_unpacked(position_embedding):
   np.testing.assert_allclose(packed_logits[0, 3:7], unpacked_logits[1, :4], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_fully_padded_row_has_finite_loss_and_gradients():
   model = make_model()
   source = SOURCE.copy()
@@ -196,6 +200,7 @@ def test_bad_config_raises(field, value, match):
     model_lib.ModelConfig(**kwargs)
 
 
+@pytest.mark.integration
 def test_grow_decoding_cache_pads_self_attention_positions_only():
   model = make_model()
   params = init_params(model)
@@ -253,6 +258,7 @@ def first_decoding_step(model, params):
   return logits, variables['cache']
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('product, cache_dtype', [('compute', jnp.bfloat16), ('float32', jnp.float32)])
 def test_attention_product_dtype_is_the_configs_not_the_backends(product, cache_dtype):
   """Both settings run here (the CPU) and keep what they say: bf16 attention products and cache with
@@ -268,6 +274,7 @@ def test_attention_product_dtype_is_the_configs_not_the_backends(product, cache_
   np.testing.assert_allclose(np.asarray(teacher_forced[:, :1]), np.asarray(logits), rtol=0.05, atol=0.05)
 
 
+@pytest.mark.integration
 def test_remat_gives_the_same_loss_and_gradients_with_dropout():
   """remat=True recomputes each layer's activations in the backward pass: same loss and gradients, dropout
   included (its masks depend on the same keys), and `deterministic` stays a Python bool (static)."""

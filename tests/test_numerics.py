@@ -10,6 +10,7 @@ SPECS = [('blm,mhd->blhd', (2, 5, 8), (8, 3, 4)), ('bqhd,bkhd->bhqk', (2, 5, 3, 
          ('blm,nm->bln', (2, 5, 8), (11, 8))]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('spec, lhs_shape, rhs_shape', SPECS)
 def test_einsum_gradients_equal_autodiff_in_float32(spec, lhs_shape, rhs_shape):
   keys = jax.random.split(jax.random.key(0), 3)

@@ -38,6 +38,7 @@ def test_table3_row_e_passes_the_check(module):
   config_checks.validate_config(module.get_config('E'))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('cache_stages', [(4,), ()])
 def test_decoding_past_the_learned_table_raises_instead_of_nan(cache_stages):
   model = learned_model(max_length=8)

@@ -396,6 +396,7 @@ def test_invalid_utf8_names_file_and_line_before_training(monkeypatch, tmp_path,
   assert split != 'train' or not (tmp_path / 'run' / f'spm_{VOCAB_SIZE}.model').exists()
 
 
+@pytest.mark.integration
 def test_empty_and_long_lines_through_main(monkeypatch, tmp_path, caplog, capsys):
   folder = tmp_path / 'corpus'
   files = write_corpus(folder)

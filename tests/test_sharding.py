@@ -193,6 +193,7 @@ def test_describe_lists_every_parameter_with_its_spec():
   assert "['shared_embedding']['embedding']  (64, 32)  P('tensor', 'fsdp')  per device (64, 4)" in lines
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('layout', [dict(data=4, tensor=2), dict(fsdp=8)], ids=['data4_tensor2', 'fsdp8'])
 def test_sharded_train_steps_match_one_device(layout, initial_state, single_device_result):
   expected_state, expected_losses = single_device_result
@@ -217,6 +218,7 @@ def test_sharded_train_steps_match_one_device(layout, initial_state, single_devi
     assert counts['all-reduce'] > 0  # Gradients over 'data', partial activations over 'tensor'.
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('layout', [dict(data=4, tensor=2), dict(fsdp=8)], ids=['data4_tensor2', 'fsdp8'])
 def test_sharded_beam_search_matches_one_device(layout, initial_state):
   source = make_batch()['source_tokens'][:8]  # Even rows end in padding.
@@ -236,6 +238,7 @@ def test_sharded_beam_search_matches_one_device(layout, initial_state):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.integration
 def test_checkpoint_saved_on_8_devices_restores_on_4_and_1(tmp_path, initial_state):
   save_cfg = mesh_config(data=2, fsdp=2, tensor=2)
   mesh8 = sharding.make_mesh(save_cfg)
@@ -272,6 +275,7 @@ def test_collective_counts_reads_sync_and_async_ops():
                                         'collective-permute': 0}
 
 
+@pytest.mark.integration
 def test_compile_only_reports_per_device_memory_flops_and_collectives(tmp_path, capsys):
   config = tiny.get_config()
   config.model.num_layers = 1

@@ -119,6 +119,7 @@ def test_roofline_takes_the_slower_of_compute_and_hbm():
   assert r['bound'] == 'compute' and r['step_seconds'] == pytest.approx(0.010)
 
 
+@pytest.mark.integration
 @needs_libtpu
 def test_tiny_model_compiles_for_a_v5e_slice():
   config = tiny.get_config()

@@ -176,6 +176,7 @@ def test_pre_ln_output_stays_bounded_with_depth(depth):
   assert np.all(rms <= np.sqrt(np.mean(scale ** 2)) * 4 + np.abs(bias).max() + 1e-3), rms
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_cached_decoding_matches_teacher_forcing(variant):
   model = make_model(**VARIANTS[variant])
@@ -200,6 +201,7 @@ def test_cached_decoding_matches_teacher_forcing(variant):
     np.testing.assert_allclose(logits[t], full[:, t], rtol=1e-4, atol=1e-4, err_msg=f'step {t}')
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_packed_batch_equals_unpacked(variant):
   model = make_model(**VARIANTS[variant])
@@ -242,6 +244,7 @@ def _train_steps(model, mesh_shape, devices, state, batch):
   return jax.device_get(state), losses
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('variant', ['modern', 'multi_query'])
 def test_sharded_step_equals_one_device(variant):
   model = make_model(**(VARIANTS[variant] | dict(num_layers=1)))
