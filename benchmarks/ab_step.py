@@ -54,7 +54,7 @@ def _compiled_step(config, overrides: dict[str, str]):
   batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   host_batch = benchmark.synthetic_batch(setup.model.cfg, batch_size, bench.source_length, bench.target_length)
   batch = {k: jax.device_put(v, sharding.batch_sharding(setup.mesh)) for k, v in host_batch.items()}
-  step_fn = train.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()))
+  step_fn = train.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     state, _ = experiment.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
                                               setup.rules)

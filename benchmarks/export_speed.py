@@ -41,10 +41,11 @@ def main() -> None:
   setup = experiment.setup(config, args.workdir)
   lang = config.data.target_lang
   try:
-    params, steps = evaluate.load_params(setup)
-    split = input_pipeline.encode_split(setup.config.data, setup.tokenizer, config.data.test_split if args.split == 'test' else config.data.eval_split)
+    params, steps = evaluate.load_params(config.eval, setup)
+    split_name = config.data.test_split if args.split == 'test' else config.data.eval_split
+    split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
     for label in ('ours (compilation included)', 'ours'):
-      hypotheses, scores, seconds = evaluate.translate_split(setup, params, split, alpha=alpha)
+      hypotheses, scores, seconds = evaluate.translate_split(config, setup, params, split, alpha=alpha)
       report(label, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha, steps)
   finally:
     setup.close()

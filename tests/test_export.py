@@ -34,7 +34,7 @@ def trained(tmp_path_factory, corpus):
   train.train_and_evaluate(config, str(workdir))
   setup = experiment.setup(config, str(workdir))
   try:
-    params, _ = evaluate.load_params(setup)
+    params, _ = evaluate.load_params(config.eval, setup)
   finally:
     setup.close()
   output = workdir / 'ct2_float32'

@@ -55,8 +55,9 @@ def test_benchmark_lowers_the_batch_until_the_step_fits(monkeypatch, capsys):
   config = _tiny_benchmark_config(32)
   s = experiment.compute_setup(config)
   abstract_state = s.abstract_state()
-  step_fn = train.jit_train_step(s, sharding.shardings_of(abstract_state))
-  need = {b: memory.memory_figures(benchmark._fitting_step(s, step_fn, abstract_state, b)[1])['total_in_bytes']
+  step_fn = train.jit_train_step(s, sharding.shardings_of(abstract_state), config.train.label_smoothing)
+  fitting = benchmark._fitting_step  # pylint: disable=protected-access
+  need = {b: memory.memory_figures(fitting(s, config.benchmark, step_fn, abstract_state, b)[1])['total_in_bytes']
           for b in (16, 32)}
   assert need[16] < need[32]
   limit_memory(monkeypatch, (need[16] + need[32]) // 2)  # 32 rows do not fit, 16 do.
@@ -77,18 +78,21 @@ def test_benchmark_stops_naming_the_fields_when_no_batch_fits(monkeypatch):
 
 @pytest.mark.integration
 def test_train_step_check_names_the_batch_fields(monkeypatch):
-  s = experiment.compute_setup(tiny.get_config())
+  config = tiny.get_config()
+  s = experiment.compute_setup(config)
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[8, 32\] needs .*'
                                                    r'Lower data\.tokens_per_batch, data\.max_length'):
-    memory.check_train_step(s, train.jit_train_step(s, s.state_sharding()))
+    memory.check_train_step(s, train.jit_train_step(s, s.state_sharding(), 0.1), config.data)
 
 
 @pytest.mark.integration
 def test_train_step_check_takes_the_longest_of_the_shapes_training_feeds(monkeypatch):
   # A packed run feeds one shape; the check compiles that one (which training then reuses), not the config's
   # longest bucket.
-  s = experiment.compute_setup(tiny.get_config())
+  config = tiny.get_config()
+  s = experiment.compute_setup(config)
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[16, 24\] needs'):
-    memory.check_train_step(s, train.jit_train_step(s, s.state_sharding()), [(32, 8), (16, 24), (24, 16)])
+    memory.check_train_step(s, train.jit_train_step(s, s.state_sharding(), 0.1), config.data,
+                            [(32, 8), (16, 24), (24, 16)])

@@ -69,11 +69,11 @@ def _random_state(model, tx, mesh, rules, batch):
   return jax.device_put(state, shardings), shardings
 
 
-def _translate(s, params, num_sentences=10) -> list[list[int]]:
+def _translate(s, params, max_length: int, num_sentences=10) -> list[list[int]]:
   """Beam search over the first sentences of the corpus, each process feeding its rows of every batch."""
   source = batching.Ragged.from_lists(_corpus()[0][:num_sentences])
   batches = batching.eval_batches(
-      source, source, tokens_per_batch=64, max_length=s.config.data.max_length, bucket_lengths=(16,),
+      source, source, tokens_per_batch=64, max_length=max_length, bucket_lengths=(16,),
       batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
   outputs = translation.decode_all(params, batches, num_sentences, model=s.model, beam_size=2, alpha=0.6,
                                    extra_length=2, batch_sharding=sharding.batch_sharding(s.mesh))
@@ -94,7 +94,7 @@ def _worker_main() -> None:
   model = model_lib.Transformer(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model))
   schedule = optim.rsqrt_schedule(config.model.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
-  s = experiment.Build(config, mesh, rules, model, tx, schedule)
+  s = experiment.Build(mesh, rules, model, tx, schedule, config.train.grad_accum_steps)
   iterator = batching.TrainIterator.from_config(
       config.data, *_corpus(), batch_size_multiple=s.data_shards, process_index=jax.process_index(),
       process_count=jax.process_count())
@@ -104,8 +104,8 @@ def _worker_main() -> None:
         jax.random.key(0), model, tx, s.device_batch(batches[0]), mesh, rules)
   else:
     state, state_sharding = _random_state(model, tx, mesh, rules, batches[0])
-  train_fn = train.jit_train_step(s, state_sharding)
-  eval_fn = evaluate.jit_eval_step(s, state_sharding.params)
+  train_fn = train.jit_train_step(s, state_sharding, config.train.label_smoothing)
+  eval_fn = evaluate.jit_eval_step(s, state_sharding.params, config.train.label_smoothing)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     first = s.device_batch(batches[0])
     eval_fn = eval_fn.lower(state.params, first).compile()
@@ -118,10 +118,11 @@ def _worker_main() -> None:
     for batch in batches[:args.steps]:
       state, metrics = train_fn(state, s.device_batch(batch))
       losses.append(float(metrics['loss_sum'] / metrics['token_count']))
-    translations = _translate(s, state.params) if not args.steps else []
+    translations = _translate(s, state.params, config.data.max_length) if not args.steps else []
   # BPE-dropout's samples differ from process to process: every process trains on process 0's (input_pipeline.py).
   own = batching.Ragged.from_lists(_corpus(seed=1 + jax.process_index())[0])
-  input_pipeline._BROADCAST_CHUNK = 256  # pylint: disable=protected-access  (~1,000 ids: several chunks, the last padded)
+  # ~1,000 ids: several chunks, the last padded.
+  input_pipeline._BROADCAST_CHUNK = 256  # pylint: disable=protected-access
   shared = input_pipeline.broadcast_ragged(own if jax.process_index() == 0 else None, len(own))
   result = {'joined': joined, 'process_index': jax.process_index(), 'process_count': jax.process_count(),
             'device_count': jax.device_count(), 'local_rows': [len(b['source_tokens']) for b in batches],

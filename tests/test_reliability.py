@@ -64,7 +64,7 @@ def restored_params_are_finite(config, workdir) -> bool:
   """Loads (and averages) the workdir's last checkpoints as evaluation does; True if every parameter is finite."""
   s = experiment.setup(config, str(workdir))
   try:
-    params, _ = evaluate.load_params(s)
+    params, _ = evaluate.load_params(config.eval, s)
   finally:
     s.checkpoints.close()
   return all(np.all(np.isfinite(np.asarray(leaf))) for leaf in jax.tree.leaves(params))

@@ -100,13 +100,13 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
   schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
-  s = experiment.Build(config, mesh, rules, model_lib.Transformer(model_cfg), tx, schedule)
+  s = experiment.Build(mesh, rules, model_lib.Transformer(model_cfg), tx, schedule, config.train.grad_accum_steps)
   rng = np.random.default_rng(0)
   batch_a, batch_b = (copy_task_batch(rng, 8, 32, VOCAB_SIZE) for _ in range(2))
   batch_c, batch_d = (copy_task_batch(rng, 16, 16, VOCAB_SIZE) for _ in range(2))
   state, state_sharding = experiment.sharded_train_state(jax.random.key(0), s.model, tx, s.device_batch(batch_a),
                                                     mesh, rules)
-  train_fn = train.jit_train_step(s, state_sharding)
+  train_fn = train.jit_train_step(s, state_sharding, config.train.label_smoothing)
   copy = lambda tree: jax.tree.map(jnp.copy, tree)  # train_fn donates the state it is given.
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state_1, metrics_1 = train_fn(copy(state), s.device_batch(batch_a))
@@ -234,8 +234,8 @@ def test_validation_bleu_keeps_the_best_checkpoints_and_selection_uses_them(tmp_
   scripted = {2: 10.0, 4: 30.0, 6: 20.0}  # Validation BLEU by step, scripted so the ranking is known.
   real = evaluate.validation_bleu
 
-  def scripted_bleu(s, params, eval_split, step):
-    scores = real(s, params, eval_split, step)
+  def scripted_bleu(config, s, params, eval_split, step):
+    scores = real(config, s, params, eval_split, step)
     assert 0.0 <= scores['bleu'] <= 100.0 and scores['bleu_seconds'] > 0
     return scores | {'bleu': scripted[step]}
 
@@ -256,7 +256,7 @@ def test_validation_bleu_keeps_the_best_checkpoints_and_selection_uses_them(tmp_
   # The best checkpoint alone equals checkpoint 4 of the run; the average of the 2 best is their mean.
   s = experiment.setup(config, str(tmp_path))
   try:
-    params_best, steps = evaluate.load_params(s)
+    params_best, steps = evaluate.load_params(config.eval, s)
     assert steps == [4]
     params_4 = s.checkpoints.restore_subtree(4, s.abstract_state().params)
     for a, b in zip(jax.tree.leaves(params_best), jax.tree.leaves(params_4)):
@@ -266,7 +266,7 @@ def test_validation_bleu_keeps_the_best_checkpoints_and_selection_uses_them(tmp_
   config.eval.checkpoint_selection = 'average_best'
   s = experiment.setup(config, str(tmp_path))
   try:
-    params_avg, steps = evaluate.load_params(s)
+    params_avg, steps = evaluate.load_params(config.eval, s)
     assert steps == [4, 6]
     params_6 = s.checkpoints.restore_subtree(6, s.abstract_state().params)
     for a, b, c in zip(jax.tree.leaves(params_avg), jax.tree.leaves(params_4), jax.tree.leaves(params_6)):

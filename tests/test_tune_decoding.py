@@ -48,9 +48,9 @@ def test_rows_equal_the_evaluation_of_the_same_decoding(tmp_path, corpus, refere
   row, = tune_decoding.tune_decoding(config, str(workdir), [2], [0.6])['rows']
   setup = experiment.setup(config, str(workdir), data_splits=(config.data.eval_split,))
   try:
-    params, _ = evaluate.load_params(setup)
-    split = input_pipeline.encode_split(setup.config.data, setup.tokenizer, config.data.eval_split)
-    hypotheses = evaluate.translate_ids(setup, params, split.source_ids, beam_size=2, alpha=0.6)
+    params, _ = evaluate.load_params(config.eval, setup)
+    split = input_pipeline.encode_split(config.data, setup.tokenizer, config.data.eval_split)
+    hypotheses = evaluate.translate_ids(config, setup, params, split.source_ids, beam_size=2, alpha=0.6)
   finally:
     setup.close()
   scores = bleu.all_bleu(hypotheses, split.target_texts, config.data.target_lang)

@@ -77,7 +77,7 @@ def compile_train_step(config, devices=None) -> tuple[Any, dict[str, Any]]:
   abstract_state = setup.abstract_state()
   shape = memory.largest_batch_shape(config.data, setup.rows_multiple)
   batch = memory.abstract_batch(config.data, shape, sharding.batch_sharding(setup.mesh))
-  train_fn = train.jit_train_step(setup, sharding.shardings_of(abstract_state))
+  train_fn = train.jit_train_step(setup, sharding.shardings_of(abstract_state), config.train.label_smoothing)
   figures = {
       'mesh': dict(setup.mesh.shape), 'devices': setup.mesh.size, 'device_kind': setup.mesh.devices.flat[0].device_kind,
       'batch_shape': list(shape), 'tokens_per_batch': config.data.tokens_per_batch,

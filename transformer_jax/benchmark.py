@@ -60,11 +60,11 @@ def run(config) -> dict[str, float]:
   requested = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   abstract_state = setup.abstract_state()
   state_sharding = sharding.shardings_of(abstract_state)
-  step_fn = train.jit_train_step(setup, state_sharding)
+  step_fn = train.jit_train_step(setup, state_sharding, config.train.label_smoothing)
   # Compiled on the abstract state first: nothing is allocated until a batch that fits is found.
   print(f'benchmark: compiling the train step for [{requested}, {bench.source_length} + {bench.target_length}]...',
         flush=True)
-  batch_size, compiled, compile_time = _fitting_step(setup, step_fn, abstract_state, requested)
+  batch_size, compiled, compile_time = _fitting_step(setup, bench, step_fn, abstract_state, requested)
   print(f'benchmark: compiled in {compile_time:.1f} s; timing {bench.num_steps} steps, then beam search...',
         flush=True)
   host_batch = synthetic_batch(cfg, batch_size, bench.source_length, bench.target_length)
@@ -97,16 +97,16 @@ def run(config) -> dict[str, float]:
   return results
 
 
-def _fitting_step(setup, step_fn, abstract_state, batch_size: int):
+def _fitting_step(setup, bench, step_fn, abstract_state, batch_size: int):
   """(batch size, compiled step, compile seconds) for the largest batch <= batch_size that fits in memory.
 
-  The batch is padded as the input pipeline pads training batches, and halved while the compiled step needs
-  more memory than the devices (or the host) have (`memory.fits`); the change is logged and printed.
+  `bench` is config.benchmark (the source and target lengths). The batch is padded as the input pipeline pads
+  training batches, and halved while the compiled step needs more memory than the devices (or the host) have
+  (`memory.fits`); the change is logged and printed.
 
   Raises:
     memory.DoesNotFitError: if even the smallest batch (one row per data shard) does not fit.
   """
-  bench = setup.config.benchmark
   num_shards = setup.rows_multiple
   requested = batch_size = batching.padded_rows(batch_size, num_shards)
   batch_sharding = sharding.batch_sharding(setup.mesh)

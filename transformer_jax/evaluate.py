@@ -68,22 +68,23 @@ def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
   return losses.smoothed_cross_entropy(logits, batch['target_tokens'], losses.target_weights(batch), label_smoothing)
 
 
-def jit_eval_step(setup: Setup, params_sharding):
-  """`eval_step` jitted for the mesh and config of `setup`: eval_fn(params, batch) -> metric sums.
+def jit_eval_step(setup: experiment.Build, params_sharding, label_smoothing: float):
+  """`eval_step` jitted for the mesh and model of `setup`: eval_fn(params, batch) -> metric sums.
 
   Args:
-    setup: the Setup (mesh, model, train.label_smoothing).
+    setup: the Build or Setup (mesh, model).
     params_sharding: the parameters' tree of NamedShardings.
+    label_smoothing: train.label_smoothing (the validation loss is the training objective's).
   """
-  return jax.jit(functools.partial(eval_step, model=setup.model, label_smoothing=setup.config.train.label_smoothing),
+  return jax.jit(functools.partial(eval_step, model=setup.model, label_smoothing=label_smoothing),
                  in_shardings=(params_sharding, sharding.batch_sharding(setup.mesh)))
 
 
-def validate(setup: Setup, eval_fn, params, eval_batches, step: int) -> dict[str, float]:
+def validate(setup: experiment.Build, eval_fn, params, eval_batches, step: int) -> dict[str, float]:
   """Validation loss, nll, perplexity and accuracy of `params` (`evaluate`), logged as of `step`.
 
   Args:
-    setup: the Setup.
+    setup: the Build or Setup (its mesh places the batches).
     eval_fn: `jit_eval_step`'s function.
     params: the parameters, placed as for training.
     eval_batches: this host's rows of every validation batch (`input_pipeline.split_eval_batches`).
@@ -96,14 +97,14 @@ def validate(setup: Setup, eval_fn, params, eval_batches, step: int) -> dict[str
   return metrics
 
 
-def translate_ids(setup: Setup, params, source_ids, target_ids=None, beam_size: int | None = None,
+def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, beam_size: int | None = None,
                   alpha: float | None = None) -> list[str]:
-  """Beam search (decode.*; `beam_size` and `alpha` override decode.beam_size and decode.alpha) over tokenised
-  sources, in order."""
+  """Beam search (config.decode; `beam_size` and `alpha` override decode.beam_size and decode.alpha) over
+  tokenised sources, in order, batched as config.data says."""
   if target_ids is None:
     target_ids = batching.Ragged.from_lists([[] for _ in range(len(source_ids))])
-  batches = input_pipeline.split_eval_batches(setup.config.data, source_ids, target_ids, setup.data_shards)
-  decode_cfg = setup.config.decode
+  batches = input_pipeline.split_eval_batches(config.data, source_ids, target_ids, setup.data_shards)
+  decode_cfg = config.decode
   return translation.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
                                 beam_size=beam_size or decode_cfg.beam_size,
                                 alpha=decode_cfg.alpha if alpha is None else alpha,
@@ -111,12 +112,13 @@ def translate_ids(setup: Setup, params, source_ids, target_ids=None, beam_size: 
                                 batch_sharding=sharding.batch_sharding(setup.mesh))
 
 
-def translate_split(setup: Setup, params, split, beam_size: int | None = None,
+def translate_split(config, setup: Setup, params, split, beam_size: int | None = None,
                     alpha: float | None = None) -> tuple[list[str], dict, float]:
   """Translates a split with beam search and scores it (`bleu.all_bleu`).
 
   Args:
-    setup: the Setup.
+    config: the run's config (decode.*, data.*).
+    setup: the Setup (mesh, model, vocabulary).
     params: the parameters to decode with.
     split: `encode_split` of the split (texts and ids).
     beam_size: overrides decode.beam_size (1: greedy).
@@ -126,19 +128,21 @@ def translate_split(setup: Setup, params, split, beam_size: int | None = None,
     (hypotheses, the three BLEUs and the sacreBLEU signature, seconds spent decoding).
   """
   start = time.perf_counter()
-  hypotheses = translate_ids(setup, params, split.source_ids, split.target_ids, beam_size=beam_size, alpha=alpha)
+  hypotheses = translate_ids(config, setup, params, split.source_ids, split.target_ids, beam_size=beam_size,
+                             alpha=alpha)
   seconds = time.perf_counter() - start
-  return hypotheses, bleu.all_bleu(hypotheses, split.target_texts, setup.config.data.target_lang), seconds
+  return hypotheses, bleu.all_bleu(hypotheses, split.target_texts, config.data.target_lang), seconds
 
 
 _BLEUS = ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')
 SCORES = _BLEUS + ('length_ratio',)  # What a decoded split is scored by (`bleu.all_bleu`), minus the signature.
 
 
-def validation_bleu(setup: Setup, params, eval_split, step: int) -> dict[str, float]:
+def validation_bleu(config, setup: Setup, params, eval_split, step: int) -> dict[str, float]:
   """BLEU of the validation split decoded with beam eval.bleu_beam_size (0: decode.beam_size; 1: greedy).
 
   Args:
+    config: the run's config.
     setup: the Setup.
     params: the parameters to decode with.
     eval_split: `encode_split` of the validation split.
@@ -148,16 +152,17 @@ def validation_bleu(setup: Setup, params, eval_split, step: int) -> dict[str, fl
     {'bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'length_ratio', 'bleu_seconds'} (see
     `bleu.all_bleu`).
   """
-  beam_size = setup.config.eval.bleu_beam_size or setup.config.decode.beam_size
-  _, scores, seconds = translate_split(setup, params, eval_split, beam_size)
+  beam_size = config.eval.bleu_beam_size or config.decode.beam_size
+  _, scores, seconds = translate_split(config, setup, params, eval_split, beam_size)
   logging.info('validation BLEU at step %d | bleu %.2f | lowercased tokenized %.2f | length ratio %.3f | beam %d '
                '| %.1f s', step, scores['bleu'], scores['lowercased_tokenized_bleu'], scores['length_ratio'],
                beam_size, seconds)
   return {key: scores[key] for key in SCORES} | {'bleu_seconds': seconds}
 
 
-def load_params(setup: Setup):
-  """The parameters the final evaluation uses (§6.1), chosen by eval.checkpoint_selection.
+def load_params(eval_config, setup: Setup):
+  """The parameters the final evaluation uses (§6.1), chosen by eval.checkpoint_selection (`eval_config` is
+  config.eval).
 
   'average_last': the mean of the last eval.average_last_n checkpoints; 'best': the checkpoint of
   `<workdir>/best_checkpoints` with the best validation BLEU; 'average_best': the mean of the
@@ -170,13 +175,13 @@ def load_params(setup: Setup):
   Raises:
     FileNotFoundError: if the workdir holds no checkpoint to choose from.
   """
-  selection = setup.config.eval.checkpoint_selection
+  selection = eval_config.checkpoint_selection
   if selection == 'average_last':
     manager = setup.checkpoints
-    steps = manager.all_steps()[-setup.config.eval.average_last_n:]
+    steps = manager.all_steps()[-eval_config.average_last_n:]
   else:
     manager = setup.best_checkpoints
-    steps = sorted(manager.best_steps()[:1 if selection == 'best' else setup.config.eval.average_best_n])
+    steps = sorted(manager.best_steps()[:1 if selection == 'best' else eval_config.average_best_n])
   if not steps:
     raise FileNotFoundError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
   logging.info('Using the parameters of checkpoint steps %s, averaged (eval.checkpoint_selection=%s).', steps,
@@ -184,7 +189,7 @@ def load_params(setup: Setup):
   return checkpoints_lib.average_checkpoints(manager, steps, setup.abstract_state().params), steps
 
 
-def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_split=None,
+def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, test_split=None,
                      eval_split=None, run_info=None, output_dir: str | None = None) -> dict[str, float]:
   """Validation metrics and BLEU, and test BLEU, of the chosen checkpoints (`load_params`).
 
@@ -192,6 +197,7 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
   `<output_dir>/final_metrics.json` (process 0).
 
   Args:
+    config: the run's config (eval.*, decode.*, data.*, train.translate_at_end).
     setup: the Setup.
     eval_fn: the jitted eval step.
     eval_batches: the validation split's batches.
@@ -210,64 +216,65 @@ def final_evaluation(setup: Setup, eval_fn, eval_batches, writer=None, test_spli
     (sacreBLEU), `tokenized_bleu`, `lowercased_tokenized_bleu`, `length_ratio` and
     `decode_sentences_per_sec`.
   """
-  params, steps = load_params(setup)
-  data_cfg = setup.config.data
+  params, steps = load_params(config.eval, setup)
+  data_cfg = config.data
   output_dir = output_dir or setup.workdir
+  selection = config.eval.checkpoint_selection
   with setup.mesh_context():
     results = validate(setup, eval_fn, params, eval_batches, steps[-1])
     metrics_lib.write_scalars(writer, steps[-1], results, 'eval_averaged')
-    if not setup.config.train.translate_at_end:
-      _write_final_metrics(setup, output_dir, results, steps, params, run_info)
+    if not config.train.translate_at_end:
+      _write_final_metrics(selection, output_dir, results, steps, params, run_info)
       return results
-    eval_split = eval_split or input_pipeline.encode_split(setup.config.data, setup.tokenizer, data_cfg.eval_split)
-    hypotheses, scores, _ = translate_split(setup, params, eval_split)
+    eval_split = eval_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.eval_split)
+    hypotheses, scores, _ = translate_split(config, setup, params, eval_split)
     results |= {'validation_bleu': scores['bleu'],
                 'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu'],
                 'validation_length_ratio': scores['length_ratio']}
-    _write_hypotheses(setup, output_dir, data_cfg.eval_split, hypotheses)
-    test_split = test_split or input_pipeline.encode_split(setup.config.data, setup.tokenizer, data_cfg.test_split)
-    hypotheses, scores, seconds = translate_split(setup, params, test_split)
-  path = _write_hypotheses(setup, output_dir, data_cfg.test_split, hypotheses)
+    _write_hypotheses(output_dir, data_cfg.eval_split, data_cfg.target_lang, hypotheses)
+    test_split = test_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.test_split)
+    hypotheses, scores, seconds = translate_split(config, setup, params, test_split)
+  path = _write_hypotheses(output_dir, data_cfg.test_split, data_cfg.target_lang, hypotheses)
   results |= {key: scores[key] for key in SCORES}
   results['decode_sentences_per_sec'] = len(hypotheses) / seconds
   metrics_lib.write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
-  _write_final_metrics(setup, output_dir, results, steps, params, run_info)
+  _write_final_metrics(selection, output_dir, results, steps, params, run_info)
   logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(hypotheses), seconds,
                len(hypotheses) / seconds, path)
-  _print_bleu(setup, results, scores['bleu_signature'], steps)
+  _print_bleu(config, results, scores['bleu_signature'], steps)
   return results
 
 
-def _print_bleu(setup: Setup, results: dict[str, float], signature: str, steps: list[int]) -> None:
+def _print_bleu(config, results: dict[str, float], signature: str, steps: list[int]) -> None:
   """The lines a final evaluation prints: validation BLEU, then the test split's three BLEUs."""
-  decode_cfg = setup.config.decode
-  print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {setup.config.data.eval_split}; lowercased '
+  decode_cfg = config.decode
+  print(f'validation_bleu: {results["validation_bleu"]:.2f}  (sacreBLEU, {config.data.eval_split}; lowercased '
         f'tokenized {results["validation_lowercased_tokenized_bleu"]:.2f}; length ratio '
         f'{results["validation_length_ratio"]:.3f})')
   print(f'bleu: {results["bleu"]:.2f}  ({signature}; beam {decode_cfg.beam_size}, alpha {decode_cfg.alpha:g}, '
-        f'length ratio {results["length_ratio"]:.3f}, {setup.config.eval.checkpoint_selection}: averaged steps '
+        f'length ratio {results["length_ratio"]:.3f}, {config.eval.checkpoint_selection}: averaged steps '
         f'{steps})')
   print(f'tokenized_bleu: {results["tokenized_bleu"]:.2f}  (tokenized, compound-split, as in the paper)')
   print(f'lowercased_tokenized_bleu: {results["lowercased_tokenized_bleu"]:.2f}  (lowercased, Moses-normalised '
         'and -tokenised, multi-bleu: the Multi30k literature\'s BLEU)')
 
 
-def _write_hypotheses(setup: Setup, output_dir: str, split: str, hypotheses: list[str]) -> epath.Path:
-  path = epath.Path(workdir_lib.path(output_dir, workdir_lib.hypotheses_file(split, setup.config.data.target_lang)))
+def _write_hypotheses(output_dir: str, split: str, target_lang: str, hypotheses: list[str]) -> epath.Path:
+  path = epath.Path(workdir_lib.path(output_dir, workdir_lib.hypotheses_file(split, target_lang)))
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
   return path
 
 
-def _write_final_metrics(setup: Setup, output_dir: str, results: dict[str, float], steps: list[int], params,
-                         run_info=None) -> None:
+def _write_final_metrics(checkpoint_selection: str, output_dir: str, results: dict[str, float], steps: list[int],
+                         params, run_info=None) -> None:
   """`<output_dir>/final_metrics.json`: the final evaluation's figures, the checkpoints they come from and the
   parameter count of `params` (what transformer_jax.report reads)."""
   if jax.process_index() == 0:
     num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     record = {key: float(value) for key, value in results.items()} | (run_info or {}) | {
-        'checkpoint_steps': list(steps), 'checkpoint_selection': setup.config.eval.checkpoint_selection,
+        'checkpoint_steps': list(steps), 'checkpoint_selection': checkpoint_selection,
         'num_params': num_params}
     epath.Path(output_dir).mkdir(parents=True, exist_ok=True)
     epath.Path(workdir_lib.path(output_dir, workdir_lib.FINAL_METRICS)).write_text(
@@ -301,10 +308,11 @@ def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
       (data_cfg.test_split,) if config.train.translate_at_end else ()), lock='evaluate')
   output_dir = new_evaluation_dir(workdir)
   try:
-    eval_split = input_pipeline.encode_split(setup.config.data, setup.tokenizer, data_cfg.eval_split)
-    eval_fn = jit_eval_step(setup, sharding.shardings_of(setup.abstract_state().params))
-    batches = input_pipeline.split_eval_batches(setup.config.data, eval_split.source_ids, eval_split.target_ids, setup.data_shards)
-    results = final_evaluation(setup, eval_fn, batches, eval_split=eval_split, output_dir=output_dir)
+    eval_split = input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.eval_split)
+    eval_fn = jit_eval_step(setup, sharding.shardings_of(setup.abstract_state().params), config.train.label_smoothing)
+    batches = input_pipeline.split_eval_batches(data_cfg, eval_split.source_ids, eval_split.target_ids,
+                                                setup.data_shards)
+    results = final_evaluation(config, setup, eval_fn, batches, eval_split=eval_split, output_dir=output_dir)
   finally:
     setup.close()
   logging.info('--mode=evaluate wrote its hypotheses and figures to %s', output_dir)
@@ -326,13 +334,13 @@ def translate_file(config, workdir: str, input_path: str | None, output_path: st
     lines = [line.removesuffix('\r') for line in (lines[:-1] if lines[-1] == '' else lines)]
   setup = experiment.setup(config, workdir)
   try:
-    params, steps = load_params(setup)
+    params, steps = load_params(config.eval, setup)
     unfinished = setup.checkpoints.latest_step() != config.train.num_train_steps
   finally:
     setup.close()
   start = time.perf_counter()
   with setup.mesh_context():
-    hypotheses = translate_ids(setup, params, input_pipeline.encode(setup.tokenizer, lines))
+    hypotheses = translate_ids(config, setup, params, input_pipeline.encode(setup.tokenizer, lines))
   seconds = time.perf_counter() - start
   hypotheses = [h if line.strip() else '' for line, h in zip(lines, hypotheses)]
   text = ''.join(h + '\n' for h in hypotheses)

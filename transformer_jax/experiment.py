@@ -98,30 +98,30 @@ class Build:
   """What every mode builds from the config without reading or writing anything: mesh, model and optimiser.
 
   `compute_setup` makes it (--mode=compile and --mode=benchmark need no more); `Setup` adds the run folder's
-  vocabulary and checkpoints for the modes that read or write one.
+  vocabulary and checkpoints for the modes that read or write one. It holds what the config decided, not the
+  config: a stage that needs a config value is given the config (or its section).
   """
-  config: Any
   mesh: Mesh
   rules: Any
   model: model_lib.Transformer
   tx: optax.GradientTransformation
   schedule: optax.Schedule
+  grad_accum_steps: int  # train.grad_accum_steps: micro-batches per step (`train.train_step`).
 
-  @property
-  def data_shards(self) -> int:
-    """Devices a batch's rows are split over (mesh.data x mesh.fsdp): batch rows must divide by it."""
-    return self.mesh.shape['data'] * self.mesh.shape['fsdp']
+  # Devices a batch's rows are split over (mesh.data x mesh.fsdp): batch rows must divide by it.
+  data_shards: int = dataclasses.field(init=False)
+  # What a global training batch's rows are padded to a multiple of: data shards x train.grad_accum_steps.
+  rows_multiple: int = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    self.data_shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
+    self.rows_multiple = self.data_shards * self.grad_accum_steps
 
   @contextlib.contextmanager
   def mesh_context(self):
     """The mesh and its logical axis rules, as every jitted step of this build is traced and run under."""
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       yield
-
-  @property
-  def rows_multiple(self) -> int:
-    """What a global batch's rows are padded to a multiple of: data shards x train.grad_accum_steps."""
-    return self.data_shards * self.config.train.grad_accum_steps
 
   def abstract_state(self):
     """ShapeDtypeStructs with shardings of the TrainState (for restoring or compiling without initialising).
@@ -189,8 +189,9 @@ def compute_setup(config, devices=None) -> Build:
   schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
   tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                             grad_clip_norm=train_cfg.grad_clip_norm)
-  return Build(config, sharding.make_mesh(config.mesh, devices), sharding.logical_axis_rules(config.mesh),
-               model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule)
+  return Build(sharding.make_mesh(config.mesh, devices), sharding.logical_axis_rules(config.mesh),
+               model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule,
+               grad_accum_steps=train_cfg.grad_accum_steps)
 
 
 def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setup:
@@ -241,7 +242,7 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
     if run_lock is not None:
       run_lock.release()
     raise
-  return Setup(**{field.name: getattr(built, field.name) for field in dataclasses.fields(Build)}, workdir=workdir,
+  return Setup(**{f.name: getattr(built, f.name) for f in dataclasses.fields(Build) if f.init}, workdir=workdir,
                tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best, lock=run_lock)
 
 

@@ -206,7 +206,7 @@ def export_run(config, workdir: str, output_dir: str | None) -> str:
   check_exportable(cfg)  # Before anything is read.
   setup = experiment.setup(config, workdir)
   try:
-    params, steps = evaluate.load_params(setup)
+    params, steps = evaluate.load_params(config.eval, setup)
   finally:
     setup.close()
   vocabulary = workdir_lib.path(workdir, workdir_lib.vocabulary_file(config.data.vocab_size))

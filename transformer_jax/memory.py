@@ -137,7 +137,7 @@ TRAIN_BATCH_FIELDS = ('data.tokens_per_batch', 'data.max_length (or data.bucket_
                       'or raise train.grad_accum_steps')
 
 
-def check_train_step(setup, train_fn, shapes: Sequence[tuple[int, int]] | None = None) -> str:
+def check_train_step(setup, train_fn, data_config, shapes: Sequence[tuple[int, int]] | None = None) -> str:
   """Compiles the train step for the batch that needs the most memory and raises if it would not fit.
 
   Call before the state is created (it lowers the abstract state), so that nothing has been allocated yet.
@@ -147,6 +147,7 @@ def check_train_step(setup, train_fn, shapes: Sequence[tuple[int, int]] | None =
   Args:
     setup: the `experiment.Build` (or `Setup`).
     train_fn: the jitted step training runs (`train.jit_train_step` for `setup.state_sharding()`).
+    data_config: config.data (the batch fields and, without `shapes`, the largest batch).
     shapes: the global [batch, length] shapes training will feed (`batching.TrainIterator.shapes`); the
       longest (then the widest) is checked. None: `largest_batch_shape` of the config, for the data unseen.
 
@@ -160,8 +161,8 @@ def check_train_step(setup, train_fn, shapes: Sequence[tuple[int, int]] | None =
   if shapes:
     shape = max(shapes, key=lambda shape: (shape[1], shape[0]))
   else:
-    shape = largest_batch_shape(setup.config.data, setup.rows_multiple)
-  batch = abstract_batch(setup.config.data, shape, sharding.batch_sharding(setup.mesh))
+    shape = largest_batch_shape(data_config, setup.rows_multiple)
+  batch = abstract_batch(data_config, shape, sharding.batch_sharding(setup.mesh))
   with setup.mesh_context():
     compiled = train_fn.lower(abstract_state, batch).compile()
   what = f'The train step at its largest batch [{shape[0]}, {shape[1]}]'

@@ -125,12 +125,13 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
   return new_state, metrics
 
 
-def jit_train_step(setup: experiment.Build, state_sharding):
-  """`train_step` jitted as training runs it (§5), for the mesh and config of `setup`.
+def jit_train_step(setup: experiment.Build, state_sharding, label_smoothing: float):
+  """`train_step` jitted as training runs it (§5), for the mesh, model and optimiser of `setup`.
 
   Args:
-    setup: the Build or Setup (mesh, model, optimiser, train.label_smoothing, train.grad_accum_steps).
+    setup: the Build or Setup (mesh, model, optimiser, grad_accum_steps).
     state_sharding: the TrainState's tree of NamedShardings (`Build.state_sharding()`).
+    label_smoothing: train.label_smoothing (ε_ls, §5.4).
 
   Returns:
     train_fn(state, batch) -> (state, metrics), which donates the state it is given. Batches are split over the
@@ -138,8 +139,7 @@ def jit_train_step(setup: experiment.Build, state_sharding):
   """
   return jax.jit(
       functools.partial(train_step, model=setup.model, tx=setup.tx,
-                        label_smoothing=setup.config.train.label_smoothing,
-                        grad_accum_steps=setup.config.train.grad_accum_steps),
+                        label_smoothing=label_smoothing, grad_accum_steps=setup.grad_accum_steps),
       in_shardings=(state_sharding, sharding.batch_sharding(setup.mesh)), out_shardings=(state_sharding, None),
       donate_argnums=0)
 
@@ -163,8 +163,9 @@ class _Progress:
   re-measured at each report where it was measured, as its time is left out of the training steps').
   """
 
-  def __init__(self, setup: Setup, writer, first_step: int, peak: flops_lib.Peak, timeline: goodput.Timeline):
-    self.setup, self.writer, self.peak, self.timeline = setup, writer, peak, timeline
+  def __init__(self, train_config, setup: Setup, writer, first_step: int, peak: flops_lib.Peak,
+               timeline: goodput.Timeline):
+    self.train_config, self.setup, self.writer, self.peak, self.timeline = train_config, setup, writer, peak, timeline
     self.sums, self.tokens, self.flops, self.pending = self._zeros(), 0, 0.0, None
     self.time, self.step, self.excluded = time.perf_counter(), first_step, timeline.in_loop_seconds()
     self.total_flops = 0.0  # Over the whole loop, for final_metrics.json.
@@ -194,7 +195,7 @@ class _Progress:
       return
     latest = self.setup.checkpoints.latest_step()
     message = f'Non-finite loss or gradient at step {step}; its update was not applied'
-    if self.setup.config.train.on_nonfinite == 'skip':
+    if self.train_config.on_nonfinite == 'skip':
       logging.warning('%s (train.on_nonfinite=skip).', message)
       return
     resume = (f'resume from checkpoint step {latest} in {self.setup.checkpoints.directory}' if latest is not None
@@ -211,7 +212,7 @@ class _Progress:
     with self.timeline.stage('peak_measurement'):
       peak = self.peak.remeasure()
     steps_per_sec = (step - self.step) / seconds
-    remaining = (self.setup.config.train.num_train_steps - step) / max(steps_per_sec, 1e-9)
+    remaining = (self.train_config.num_train_steps - step) / max(steps_per_sec, 1e-9)
     tokens = self.tokens  # This process's rows; every process reports at the same step, so sum them.
     if jax.process_count() > 1:
       tokens = int(np.sum(multihost_utils.process_allgather(np.int64(tokens))))
@@ -220,7 +221,7 @@ class _Progress:
                 'grad_norm': float(sums['grad_norm']) / max(float(sums['applied_steps']), 1.0),
                 'mfu': self.flops / seconds / peak}
     logging.info('step %d/%d | loss %.4f | nll %.4f | acc %.3f | grad norm %.3g | lr %.3g | %.2f steps/s | '
-                 '%.0f tokens/s | MFU %.1f%% | %s left', step, self.setup.config.train.num_train_steps,
+                 '%.0f tokens/s | MFU %.1f%% | %s left', step, self.train_config.num_train_steps,
                  summary['loss'], summary['nll'], summary['accuracy'], summary['grad_norm'],
                  summary['learning_rate'], steps_per_sec, summary['tokens_per_sec'], 100 * summary['mfu'],
                  datetime.timedelta(seconds=int(remaining)))
@@ -264,13 +265,13 @@ class _StopRequest:
     return self.reason is not None
 
 
-def _restore_or_init(setup: Setup, data: input_pipeline.RunData) -> TrainState:
+def _restore_or_init(setup: Setup, data: input_pipeline.RunData, seed: int) -> TrainState:
   """The newest readable checkpoint's state (and iterator position), else a new state."""
   abstract = setup.abstract_state()
   newest = setup.checkpoints.latest_step()
   restored = setup.checkpoints.restore_latest(abstract)
   if restored is None:
-    state, _ = experiment.sharded_train_state(jax.random.key(setup.config.train.seed), setup.model, setup.tx,
+    state, _ = experiment.sharded_train_state(jax.random.key(seed), setup.model, setup.tx,
                                               setup.device_batch(data.eval_batches[0]), setup.mesh, setup.rules)
     return state
   if restored.step != newest:
@@ -281,14 +282,14 @@ def _restore_or_init(setup: Setup, data: input_pipeline.RunData) -> TrainState:
   return restored.state
 
 
-def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: input_pipeline.RunData, writer,
+def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data: input_pipeline.RunData, writer,
                 stop: _StopRequest, progress: _Progress, timeline: goodput.Timeline
                 ) -> tuple[TrainState, int | None]:
   """Steps state.step + 1 .. train.num_train_steps; returns (state, the step it stopped at on request or None).
 
   Each stage's wall time goes to `timeline` (input, compile, evaluation, checkpoint; the rest is training steps).
   """
-  cfg = setup.config.train
+  cfg = config.train
   first_step = int(state.step)
   logging.info('Training steps %d to %d. Progress lines: loss = the label-smoothed cross-entropy that is '
                'optimised (train.label_smoothing=%g), nll = the plain cross-entropy per target token (of the '
@@ -318,7 +319,7 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: input_
         eval_metrics = evaluate_lib.validate(setup, eval_fn, state.params, data.eval_batches, step)
         metrics_lib.write_scalars(writer, step, eval_metrics, 'eval')
       if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
-        scores = evaluate_lib.validation_bleu(setup, state.params, data.eval_split, step)
+        scores = evaluate_lib.validation_bleu(config, setup, state.params, data.eval_split, step)
         metrics_lib.write_scalars(writer, step, scores, 'eval')
         setup.best_checkpoints.save(step, {'params': state.params}, {}, force=True,
                                     metrics={'bleu': scores['bleu']})
@@ -329,12 +330,12 @@ def _train_loop(setup: Setup, state: TrainState, train_fn, eval_fn, data: input_
   return state, None
 
 
-def _finished_run(setup: Setup) -> dict[str, Any] | None:
+def _finished_run(setup: Setup, num_train_steps: int) -> dict[str, Any] | None:
   """The stored final metrics when the workdir's run has trained all train.num_train_steps and been evaluated
   (a rerun of the same command then does nothing: no second test translation, no duplicate TensorBoard
   points); else None."""
   metrics_path = epath.Path(workdir_lib.path(setup.workdir, workdir_lib.FINAL_METRICS))
-  steps = setup.config.train.num_train_steps
+  steps = num_train_steps
   if setup.checkpoints.latest_step() != steps or not metrics_path.is_file():
     return None
   metrics = json.loads(metrics_path.read_text())
@@ -376,7 +377,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     setup = experiment.setup(config, workdir, data_splits=splits, lock='train')
   writer = None
   try:
-    finished = _finished_run(setup)
+    finished = _finished_run(setup, config.train.num_train_steps)
     if finished is not None:
       return finished
     with timeline.stage('setup'):
@@ -384,22 +385,23 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
           config.data, setup.tokenizer, rows_multiple=setup.rows_multiple, data_shards=setup.data_shards,
           with_test=config.train.translate_at_end)
       state_sharding = setup.state_sharding()
-      train_fn = jit_train_step(setup, state_sharding)
+      train_fn = jit_train_step(setup, state_sharding, config.train.label_smoothing)
       # Stops before any state is allocated if the step cannot fit.
-      memory.check_train_step(setup, train_fn, data.train_iter.shapes)
+      memory.check_train_step(setup, train_fn, config.data, data.train_iter.shapes)
       if jax.process_index() == 0:  # Every check has passed: the run's record (notebooks, --mode=evaluate).
         workdir_lib.record_config(config, workdir, setup.checkpoints.latest_step() or 0)
-      state = _restore_or_init(setup, data)
-      eval_fn = evaluate_lib.jit_eval_step(setup, state_sharding.params)
+      state = _restore_or_init(setup, data, config.train.seed)
+      eval_fn = evaluate_lib.jit_eval_step(setup, state_sharding.params, config.train.label_smoothing)
       peak = flops_lib.Peak(setup.model.cfg.compute_dtype)
       logging.info('MFU is reported against a peak of %.3g TFLOP/s (%s%s).', peak.flops / 1e12, peak.source,
                    '; re-measured at each progress line, the highest kept' if peak.measured else '')
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
-    progress = _Progress(setup, writer, int(state.step), peak, timeline)
+    progress = _Progress(config.train, setup, writer, int(state.step), peak, timeline)
     start = time.perf_counter()
     with (_StopRequest() as stop, setup.mesh_context(),
           timeline.loop()):
-      state, stopped_at = _train_loop(setup, state, train_fn, eval_fn, data, writer, stop, progress, timeline)
+      state, stopped_at = _train_loop(config, setup, state, train_fn, eval_fn, data, writer, stop, progress,
+                                      timeline)
     with timeline.stage('checkpoint'):
       setup.checkpoints.wait_until_finished()
     steps_seconds = max(timeline.seconds['train_steps'], 1e-9)
@@ -413,8 +415,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       return {'stopped_at_step': stopped_at}
     with timeline.stage('final_evaluation'):
       # final_metrics.json holds the timeline as of the final evaluation's start; the last line, after it.
-      results = evaluate_lib.final_evaluation(setup, eval_fn, data.eval_batches, writer, test_split=data.test,
-                                              eval_split=data.eval_split, run_info=run_info | timeline.summary())
+      results = evaluate_lib.final_evaluation(config, setup, eval_fn, data.eval_batches, writer,
+                                              test_split=data.test, eval_split=data.eval_split,
+                                              run_info=run_info | timeline.summary())
     _report_time(timeline)
     return results
   finally:

@@ -68,13 +68,14 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
   split_name = config.data.eval_split
   setup = experiment.setup(config, workdir, data_splits=(split_name,))
   try:
-    split = input_pipeline.encode_split(setup.config.data, setup.tokenizer, split_name)
-    params, steps = evaluate.load_params(setup)
+    split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
+    params, steps = evaluate.load_params(config.eval, setup)
     rows = []
     with setup.mesh_context():
       for beam_size in beam_sizes:
         for alpha in alphas:
-          _, scores, seconds = evaluate.translate_split(setup, params, split, beam_size=beam_size, alpha=alpha)
+          _, scores, seconds = evaluate.translate_split(config, setup, params, split, beam_size=beam_size,
+                                                        alpha=alpha)
           rows.append({'beam_size': int(beam_size), 'alpha': float(alpha), 'seconds': seconds} | {
               key: scores[key] for key in evaluate.SCORES})
           logging.info('%s, beam %d, alpha %g: bleu %.2f, lowercased tokenized %.2f, length ratio %.3f (%.1f s)',
