@@ -618,6 +618,49 @@ def average_checkpoints(manager: CheckpointManager, steps: list[int], abstract_s
       [next(averaged) if is_float else x for x, is_float in zip(newest, floating)])
 
 
+# eval.checkpoint_selection: which checkpoints give the parameters the final evaluation uses (§6.1).
+SELECTIONS = ('average_last', 'best', 'average_best')
+
+
+def save_best(manager: CheckpointManager, step: int, params: PyTree, bleu: float) -> None:
+  """Offers step's parameters to the best-by-BLEU manager (`<workdir>/best_checkpoints`), which keeps the
+  max_to_keep (eval.average_best_n) with the highest validation BLEU."""
+  manager.save(step, {'params': params}, {}, force=True, metrics={'bleu': bleu})
+
+
+def select_params(eval_config: Any, last: CheckpointManager, best: CheckpointManager | None,
+                  abstract_params: PyTree) -> tuple[PyTree, list[int]]:
+  """The parameters of the checkpoints eval.checkpoint_selection chooses (one of SELECTIONS), averaged (§6.1).
+
+  'average_last': the mean of the last eval.average_last_n checkpoints of `last`; 'best': the checkpoint of
+  `best` with the best validation BLEU; 'average_best': the mean of the eval.average_best_n best.
+
+  Args:
+    eval_config: config.eval.
+    last: the run's checkpoints (`<workdir>/checkpoints`).
+    best: the best-by-BLEU checkpoints (`<workdir>/best_checkpoints`), or None for a run without them.
+    abstract_params: ShapeDtypeStructs with shardings of the parameters (`Build.abstract_state().params`).
+
+  Returns:
+    (params, steps): the (averaged) parameters, placed as `abstract_params`, and their steps, ascending.
+
+  Raises:
+    FileNotFoundError: if the chosen manager holds no checkpoint.
+  """
+  selection = eval_config.checkpoint_selection
+  if selection == 'average_last':
+    manager = last
+    steps = manager.all_steps()[-eval_config.average_last_n:]
+  else:
+    manager = best
+    steps = sorted(manager.best_steps()[:1 if selection == 'best' else eval_config.average_best_n])
+  if not steps:
+    raise FileNotFoundError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
+  logging.info('Using the parameters of checkpoint steps %s, averaged (eval.checkpoint_selection=%s).', steps,
+               selection)
+  return average_checkpoints(manager, steps, abstract_params), steps
+
+
 @jax.jit
 def _to_accumulator(values: list[jax.Array]) -> list[jax.Array]:
   return [x.astype(jnp.promote_types(x.dtype, jnp.float32)) for x in values]

@@ -94,12 +94,11 @@ def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_siz
                          f'{axes} by mesh.logical_axis_rules): change {key} or the mesh')
 
 
-CHECKPOINT_SELECTIONS = ('average_last', 'best', 'average_best')
 
 
 def _validate_selection(eval_cfg, train_cfg) -> None:
-  _require(eval_cfg.checkpoint_selection in CHECKPOINT_SELECTIONS, 'eval.checkpoint_selection',
-           eval_cfg.checkpoint_selection, f'one of {CHECKPOINT_SELECTIONS}')
+  _require(eval_cfg.checkpoint_selection in checkpoints_lib.SELECTIONS, 'eval.checkpoint_selection',
+           eval_cfg.checkpoint_selection, f'one of {checkpoints_lib.SELECTIONS}')
   _require(_is_positive_int(eval_cfg.average_best_n), 'eval.average_best_n', eval_cfg.average_best_n,
            'a positive integer')
   _require(isinstance(eval_cfg.bleu_beam_size, int) and eval_cfg.bleu_beam_size >= 0, 'eval.bleu_beam_size',

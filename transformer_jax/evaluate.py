@@ -161,12 +161,8 @@ def validation_bleu(config, setup: Setup, params, eval_split, step: int) -> dict
 
 
 def load_params(eval_config, setup: Setup):
-  """The parameters the final evaluation uses (§6.1), chosen by eval.checkpoint_selection (`eval_config` is
-  config.eval).
-
-  'average_last': the mean of the last eval.average_last_n checkpoints; 'best': the checkpoint of
-  `<workdir>/best_checkpoints` with the best validation BLEU; 'average_best': the mean of the
-  eval.average_best_n best.
+  """The parameters the final evaluation uses (§6.1): `checkpoints.select_params` of the run's checkpoint
+  managers, as eval.checkpoint_selection chooses (`eval_config` is config.eval).
 
   Returns:
     (params, steps): the (averaged) parameters, placed as for training, and the checkpoint steps they
@@ -175,18 +171,8 @@ def load_params(eval_config, setup: Setup):
   Raises:
     FileNotFoundError: if the workdir holds no checkpoint to choose from.
   """
-  selection = eval_config.checkpoint_selection
-  if selection == 'average_last':
-    manager = setup.checkpoints
-    steps = manager.all_steps()[-eval_config.average_last_n:]
-  else:
-    manager = setup.best_checkpoints
-    steps = sorted(manager.best_steps()[:1 if selection == 'best' else eval_config.average_best_n])
-  if not steps:
-    raise FileNotFoundError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
-  logging.info('Using the parameters of checkpoint steps %s, averaged (eval.checkpoint_selection=%s).', steps,
-               selection)
-  return checkpoints_lib.average_checkpoints(manager, steps, setup.abstract_state().params), steps
+  return checkpoints_lib.select_params(eval_config, setup.checkpoints, setup.best_checkpoints,
+                                       setup.abstract_state().params)
 
 
 def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, test_split=None,

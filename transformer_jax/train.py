@@ -31,6 +31,7 @@ import numpy as np
 import optax
 import tensorboardX
 
+from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import evaluate as evaluate_lib
 from transformer_jax import experiment
 from transformer_jax import flops as flops_lib
@@ -321,8 +322,7 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
       if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
         scores = evaluate_lib.validation_bleu(config, setup, state.params, data.eval_split, step)
         metrics_lib.write_scalars(writer, step, scores, 'eval')
-        setup.best_checkpoints.save(step, {'params': state.params}, {}, force=True,
-                                    metrics={'bleu': scores['bleu']})
+        checkpoints_lib.save_best(setup.best_checkpoints, step, state.params, scores['bleu'])
     with timeline.stage('checkpoint'):
       setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
