@@ -1,5 +1,7 @@
 """Tests for transformer_jax.tokenizer on the real Multi30k corpus (vocabulary 8000, trained in about 1 s)."""
+import io
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -7,6 +9,7 @@ import unicodedata
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 from transformer_jax import multi30k
 from transformer_jax import tokenizer as tokenizer_lib
@@ -33,12 +36,21 @@ def normalized(text: str) -> str:
 
 
 def test_special_ids_and_size(tokenizer):
-  assert (tokenizer_lib.PAD_ID, tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID, tokenizer_lib.UNK_ID) == (0, 1, 2, 3)
   assert tokenizer.vocab_size == 8000
   ids = tokenizer.encode(['A man in a blue shirt.', 'Ein Mann in einem blauen Hemd.', ''])
   assert ids[2] == []
   flat = [i for row in ids for i in row]
   assert min(flat) > tokenizer_lib.UNK_ID and max(flat) < 8000
+
+
+def test_a_model_with_other_special_ids_is_refused():
+  # SentencePiece's defaults (unk 0, bos 1, eos 2, no pad) are not the ids the model and the batches assume
+  # (pad 0, bos 1, eos 2, unk 3): such a vocabulary must not load.
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(['a man sits on a bench'] * 50), model_writer=model,
+                                 vocab_size=12, model_type='char', minloglevel=2)
+  with pytest.raises(ValueError, match=re.escape('(pad, bos, eos, unk) ids (-1, 1, 2, 0); expected (0, 1, 2, 3)')):
+    tokenizer_lib.Tokenizer(model.getvalue())
 
 
 def test_round_trip_validation_set(tokenizer, multi30k_dir):
