@@ -32,14 +32,21 @@ def init_params(model, seed=0):
 
 
 def uncached_greedy(model, params, source, extra_length):
-  """Greedy decoding by re-running the full teacher-forced model on the growing prefix (no cache)."""
+  """Greedy decoding by re-running the full teacher-forced model on the growing prefix (no cache).
+
+  The prefix is padded to its final length so that one compiled apply serves every step: the decoder is causal
+  (test_model.py), so the padding after the prefix cannot change the logits at its last position.
+  """
+  apply = jax.jit(lambda params, source, target: model.apply({'params': params}, source, target))
   outputs = []
   for row in source:
     length = int(np.count_nonzero(row))
     prefix = [BOS]
+    target = np.zeros((1, length + extra_length + 1), np.int32)
     for _ in range(length + extra_length):
-      logits = model.apply({'params': params}, jnp.asarray(row[None, :length]), jnp.asarray([prefix]))
-      logits = np.asarray(logits[0, -1]).copy()
+      target[0, :len(prefix)] = prefix
+      logits = np.asarray(apply(params, jnp.asarray(row[None, :length]), jnp.asarray(target))[0, len(prefix) - 1])
+      logits = logits.copy()
       logits[[tokenizer_lib.PAD_ID, BOS]] = -np.inf
       prefix.append(int(np.argmax(logits)))
       if prefix[-1] == EOS:
