@@ -8,6 +8,7 @@ import time
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import ml_collections
 import numpy as np
 import pytest
 
@@ -337,3 +338,9 @@ def test_checkpoints_of_older_code_still_open_with_todays_fingerprint(tmp_path):
   older = {'model': {key: today['model'].get(key) for key in old_fields}, 'data': today['data']}
   older['model'].update(dtype=None, attention_impl=None, remat=None)
   assert today == older
+
+
+def test_selecting_the_best_checkpoints_of_a_run_without_them_names_the_setting():
+  eval_config = ml_collections.ConfigDict({'checkpoint_selection': 'best', 'average_last_n': 5, 'average_best_n': 5})
+  with pytest.raises(ValueError, match=r"eval.checkpoint_selection='best' .*train.eval_bleu_every_steps > 0"):
+    checkpoints.select_params(eval_config, last=None, best=None, abstract_params={})

@@ -279,7 +279,7 @@ class TrainIterator:
     """Filters the pairs and fixes the batch shapes.
 
     Args:
-      source, target: token ids without EOS (`encode`, or lists of ids), aligned.
+      source, target: token ids without EOS (`input_pipeline.encode`, or lists of ids), aligned.
       tokens_per_batch: slots per side and batch (Sec. 5.1: 25000), padding included.
       max_length: longest pair kept, EOS included.
       bucket_lengths: bucket lengths, capped at max_length.
@@ -429,7 +429,7 @@ class TrainIterator:
   @classmethod
   def from_config(cls, data_config: Any, source: Ids, target: Ids, **kwargs) -> 'TrainIterator':
     """Takes the batching fields of `config.data`; kwargs: pad_rows_to, batch_size_multiple, process_index,
-    process_count."""
+    process_count, resegment."""
     return cls(source, target, tokens_per_batch=data_config.tokens_per_batch, max_length=data_config.max_length,
                bucket_lengths=data_config.bucket_lengths, packing=data_config.packing,
                shuffle_seed=data_config.shuffle_seed, **kwargs)

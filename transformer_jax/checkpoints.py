@@ -24,7 +24,9 @@ same arguments; orbax writes each process's shards and synchronises the processe
 
 Sec. 6.1: "For the base models, we used a single model obtained by averaging the last 5
 checkpoints, which were written at 10-minute intervals. For the big models, we averaged the last
-20 checkpoints." See `average_checkpoints` and `config.eval.average_last_n`.
+20 checkpoints." See `average_checkpoints` and `config.eval.average_last_n`. Which checkpoints the final
+evaluation uses (`SELECTIONS`, eval.checkpoint_selection) is `select_params`; the best-by-BLEU checkpoints
+(`<workdir>/best_checkpoints`, parameters only) are saved by `save_best`.
 """
 from __future__ import annotations
 
@@ -646,12 +648,16 @@ def select_params(eval_config: Any, last: CheckpointManager, best: CheckpointMan
 
   Raises:
     FileNotFoundError: if the chosen manager holds no checkpoint.
+    ValueError: for 'best' or 'average_best' without `best`.
   """
   selection = eval_config.checkpoint_selection
   if selection == 'average_last':
     manager = last
     steps = manager.all_steps()[-eval_config.average_last_n:]
   else:
+    if best is None:
+      raise ValueError(f'eval.checkpoint_selection={selection!r} chooses among the best checkpoints, which a run '
+                       'keeps only with train.eval_bleu_every_steps > 0')
     manager = best
     steps = sorted(manager.best_steps()[:1 if selection == 'best' else eval_config.average_best_n])
   if not steps:

@@ -94,8 +94,6 @@ def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_siz
                          f'{axes} by mesh.logical_axis_rules): change {key} or the mesh')
 
 
-
-
 def _validate_selection(eval_cfg, train_cfg) -> None:
   _require(eval_cfg.checkpoint_selection in checkpoints_lib.SELECTIONS, 'eval.checkpoint_selection',
            eval_cfg.checkpoint_selection, f'one of {checkpoints_lib.SELECTIONS}')

@@ -1,5 +1,5 @@
-"""§6.1 evaluation: which checkpoints to use, validation loss and BLEU, the test translation, and the
-`--mode=evaluate` and `--mode=translate` entry points.
+"""§6.1 evaluation: validation loss and BLEU, the test translation of the chosen checkpoints (`load_params`
+applies `checkpoints.select_params`), and the `--mode=evaluate` and `--mode=translate` entry points.
 
 BLEU is reported three ways (`bleu.all_bleu`): sacreBLEU on detokenised output (the headline), the tokenised
 BLEU with compound splitting that the paper's numbers use, and the lowercased, Moses-tokenised BLEU of the
@@ -120,7 +120,7 @@ def translate_split(config, setup: Setup, params, split, beam_size: int | None =
     config: the run's config (decode.*, data.*).
     setup: the Setup (mesh, model, vocabulary).
     params: the parameters to decode with.
-    split: `encode_split` of the split (texts and ids).
+    split: `input_pipeline.encode_split` of the split (texts and ids).
     beam_size: overrides decode.beam_size (1: greedy).
     alpha: overrides decode.alpha.
 
@@ -145,7 +145,7 @@ def validation_bleu(config, setup: Setup, params, eval_split, step: int) -> dict
     config: the run's config.
     setup: the Setup.
     params: the parameters to decode with.
-    eval_split: `encode_split` of the validation split.
+    eval_split: `input_pipeline.encode_split` of the validation split.
     step: the training step, for the log line.
 
   Returns:
@@ -188,8 +188,8 @@ def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, t
     eval_fn: the jitted eval step.
     eval_batches: the validation split's batches.
     writer: a tensorboardX writer, or None.
-    test_split: `encode_split` of the test split, if already loaded; read when None.
-    eval_split: `encode_split` of the validation split, if already loaded; read when None.
+    test_split: `input_pipeline.encode_split` of the test split, if already loaded; read when None.
+    eval_split: `input_pipeline.encode_split` of the validation split, if already loaded; read when None.
     run_info: figures of the training run to store in final_metrics.json beside the evaluation's
       (`train_wall_seconds`: this invocation's training loop, compilation and validation included;
       `train_steps`; `mfu` over the training steps and the `peak_flops` it divides by; `goodput` and each

@@ -1,7 +1,8 @@
 """Model FLOPs per step and the device's peak: what MFU (model FLOPs utilisation) divides.
 
 Training (`train`, every progress line and `final_metrics.json`) and `--mode=benchmark` both count a step's
-work with `forward_flops` and divide by `peak_flops`, so the two report the same MFU for the same step.
+work with `forward_flops`; the benchmark divides by `peak_flops`, training by `Peak` (`peak_flops`, raised
+when a re-measurement during the run is faster).
 """
 import functools
 import time
@@ -87,7 +88,8 @@ class Peak:
   A measured peak can only come out low (neighbours sharing the CPU slow the product down, never speed it
   up), so the highest measurement so far is the best estimate. A run started while other jobs used the CPU
   measured a low peak once and then reported MFU above 100% when the CPU freed up; `remeasure` (called at
-  each progress line; three 2048^3 products, ~40 ms on a 2-core CPU, at most once a minute) fixes that.
+  a progress line at most once a minute; four products of the peak's size, one a warm-up, ~50 ms for
+  2048^3 on a 2-core CPU) fixes that.
   Table peaks are fixed.
 
   Attributes:

@@ -1,4 +1,5 @@
-"""Where a training run's wall time goes: training steps against compilation, evaluation, checkpoints, input.
+"""Where a training run's wall time goes: training steps against compilation, evaluation, checkpoints, input
+and the re-measurement of the MFU peak.
 
 Goodput is the share of the wall time spent in training steps. `Timeline` is wall-clock accounting on the
 host: the loop times each stage it runs (`with timeline.stage('checkpoint'): ...`), and the seconds of the

@@ -175,7 +175,6 @@ def log_round_trip(tokenizer: tokenizer_lib.Tokenizer, data_config: Any) -> floa
   return fraction
 
 
-
 def encode(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], chunk_size: int = 100_000,
            bpe_dropout_rate: float = 0.0) -> Ragged:
   """Tokenises sentences (no EOS yet) in chunks, so Python lists of ids never hold the whole split.
@@ -199,8 +198,6 @@ def encode(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], chunk_size:
   ends = np.cumsum([c.offsets[-1] for c in chunks])[:-1]
   offsets = [chunks[0].offsets] + [c.offsets[1:] + end for c, end in zip(chunks[1:], ends)]
   return Ragged(np.concatenate([c.values for c in chunks]), np.concatenate(offsets))
-
-
 
 
 class Split(NamedTuple):

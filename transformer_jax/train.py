@@ -160,8 +160,8 @@ class _Progress:
 
   Rates, MFU and the time left count training steps only: the seconds `timeline` gives to compiling, input,
   validation and checkpoints are left out (they are reported apart). MFU is the model FLOPs of the batches
-  trained (`flops.train_step_flops` of their padded or packed shapes) per second, over the peak (`peak`,
-  re-measured at each report where it was measured, as its time is left out of the training steps').
+  trained (`flops.train_step_flops` of their padded or packed shapes) per second, over the peak (`peak`; a
+  measured one is re-measured at a progress line at most once a minute, its time left out of the steps').
   """
 
   def __init__(self, train_config, setup: Setup, writer, first_step: int, peak: flops_lib.Peak,
@@ -209,7 +209,9 @@ class _Progress:
     now = time.perf_counter()
     sums = jax.device_get(self.sums)
     summary = metrics_lib.summarize(sums)
-    seconds = max(now - self.time - (self.timeline.in_loop_seconds() - self.excluded), 1e-9)  # Training steps only.
+    excluded = self.timeline.in_loop_seconds()
+    seconds = max(now - self.time - (excluded - self.excluded), 1e-9)  # Training steps only.
+    # After `now`, so the next line's window holds it, as a stage its steps' time leaves out.
     with self.timeline.stage('peak_measurement'):
       peak = self.peak.remeasure()
     steps_per_sec = (step - self.step) / seconds
@@ -228,7 +230,7 @@ class _Progress:
                  datetime.timedelta(seconds=int(remaining)))
     metrics_lib.write_scalars(self.writer, step, summary, prefix='train')
     self.sums, self.tokens, self.flops, self.time, self.step, self.excluded = (
-        self._zeros(), 0, 0.0, now, step, self.timeline.in_loop_seconds())
+        self._zeros(), 0, 0.0, now, step, excluded)
 
 
 class _StopRequest:
@@ -394,7 +396,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       eval_fn = evaluate_lib.jit_eval_step(setup, state_sharding.params, config.train.label_smoothing)
       peak = flops_lib.Peak(setup.model.cfg.compute_dtype)
       logging.info('MFU is reported against a peak of %.3g TFLOP/s (%s%s).', peak.flops / 1e12, peak.source,
-                   '; re-measured at each progress line, the highest kept' if peak.measured else '')
+                   '; re-measured at most once a minute, the highest kept' if peak.measured else '')
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
     progress = _Progress(config.train, setup, writer, int(state.step), peak, timeline)
     start = time.perf_counter()
