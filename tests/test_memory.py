@@ -38,8 +38,8 @@ def test_check_fits_compares_memory_analysis_with_the_limit(monkeypatch):
 
 def test_host_memory_is_shared_by_the_cpu_devices():
   have, source = memory.available_bytes(jax.local_devices())
-  host = memory.host_available_bytes()
-  assert have == int(host * memory.HOST_MEMORY_FRACTION) // jax.local_device_count()
+  host = memory.host_available_bytes()  # Read again: other processes' use moves it by a little in between.
+  assert have == pytest.approx(host * memory.HOST_MEMORY_FRACTION / jax.local_device_count(), rel=0.01)
   assert f'shared by {jax.local_device_count()} CPU devices' in source
 
 
