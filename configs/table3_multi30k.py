@@ -32,8 +32,8 @@ chosen on the base row's validation curve (docs/table3_multi30k.md): dev BLEU 30
 
 The attention products multiply in bfloat16 (model.attention_product_dtype='compute', float32 accumulation), as
 the matrix products do: on an AMX Xeon the step is 3-8% faster than with float32 products, and the base row
-trained alike (2,000 steps, seed 0: dev perplexity 6.22, dev BLEU 37.01, test 36.75, against 6.32 +- 0.04,
-36.88 +- 0.14 and 36.61 +- 0.26 over three float32 seeds; docs/table3_multi30k.md).
+trained alike (2,000 steps, three seeds each: dev perplexity 6.32 +- 0.14, dev BLEU 36.90 +- 0.25, test
+36.67 +- 0.51, against 6.32 +- 0.04, 36.88 +- 0.14 and 36.61 +- 0.26 in float32; docs/table3_multi30k.md).
 """
 import ml_collections
 
