@@ -1,8 +1,8 @@
 """Our beam search against CTranslate2 exports of the same checkpoint: sentences/s and the three BLEUs.
 
-  python benchmarks/export_speed.py --workdir=runs/multi30k [--split=test] [--threads=1,2]
+  python benchmarks/export_speed.py --workdir=runs/multi30k [--split=test] [--threads=1,2] [--beam_size=4 --alpha=1.4]
 
-Decodes the split with our beam search (the run's decode.beam_size and decode.alpha; twice: the first call
+Decodes the split with our beam search (the run's decode.beam_size and decode.alpha unless given; twice: the first call
 includes compilation), then exports the parameters `eval.checkpoint_selection` chooses to CTranslate2 in
 float32 and int8 (into <workdir>/export_speed/, replaced) and decodes the same sources with each, beam
 decode.beam_size, CTranslate2's default length penalty (1.0: log-probability / length) and at most the longest
@@ -35,16 +35,26 @@ def main() -> None:
   parser.add_argument('--no_length_penalty', action='store_true',
                       help='alpha 0 for ours and length_penalty 0 (with min_decoding_length 0) for CTranslate2: the '
                            'two searches then score hypotheses alike')
+  parser.add_argument('--beam_size', type=int, default=None, help="default: the run's decode.beam_size")
+  parser.add_argument('--alpha', type=float, default=None, help="ours' length penalty; default: the run's decode.alpha")
+  parser.add_argument('--early_stopping', default=None, help="ours' decode.early_stopping; default: the run's")
   args = parser.parse_args()
-  alpha = 0.0 if args.no_length_penalty else None  # None: the run's decode.alpha.
   config = workdir_lib.get_config(args.workdir)
+  if args.early_stopping is not None:
+    config.decode.early_stopping = args.early_stopping
+  if args.beam_size is not None:
+    config.decode.beam_size = args.beam_size
+  if args.alpha is not None:
+    config.decode.alpha = args.alpha
+  alpha = 0.0 if args.no_length_penalty else None  # None: the run's decode.alpha.
   setup = experiment.setup(config, args.workdir)
   lang = config.data.target_lang
   try:
     params, steps = evaluate.load_params(config.eval, setup)
     split_name = config.data.test_split if args.split == 'test' else config.data.eval_split
     split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
-    for label in ('ours (compilation included)', 'ours'):
+    stop = config.decode.early_stopping
+    for label in (f'ours, early_stopping={stop} (compilation included)', f'ours, early_stopping={stop}'):
       hypotheses, scores, seconds = evaluate.translate_split(config, setup, params, split, alpha=alpha)
       report(label, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha, steps)
   finally:

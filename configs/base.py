@@ -51,8 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
       norm='layer_norm',              # 'rms_norm': RMSNorm, no bias or mean subtraction (Zhang & Sennrich, 2019).
       feed_forward='relu',            # §3.3 ReLU; 'gelu'; gated 'swiglu' / 'geglu' (Shazeer, 2020).
       num_kv_heads=ml_collections.config_dict.placeholder(int),  # None: num_heads; 1: multi-query; else grouped.
-      # The dtype of Q K^T, weights x V and the decoding cache: 'compute' (= dtype) or 'float32' (CPU configs:
-      # XLA:CPU has no fast batched bf16 product). Changes no parameter.
+      # The dtype of Q K^T and weights x V: 'compute' (= dtype) or 'float32' (CPU configs: XLA:CPU has no fast
+      # batched bf16 product). Changes no parameter; the self-attention decoding cache holds K, V in dtype.
       attention_product_dtype='compute',
   ))
 
@@ -107,6 +107,10 @@ def get_config() -> ml_collections.ConfigDict:
       beam_size=4,                    # §6.1.
       alpha=0.6,                      # §6.1 length penalty (Wu et al., 2016).
       extra_length=50,                # §6.1: maximum output length = input length + 50.
+      # When a sentence's search stops: 'bound' (no live hypothesis can beat the worst finished one under the
+      # length penalty: what an unbounded search returns; tensor2tensor) or 'finished' (beam_size hypotheses
+      # have ended: fairseq, CTranslate2; faster, may give up a longer hypothesis the penalty would prefer).
+      early_stopping='bound',
   ))
 
   config.eval = ml_collections.ConfigDict(dict(

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
+from transformer_jax import config_checks
 from transformer_jax import decoding
 
 PAD, BOS, EOS = 0, 1, 2
@@ -95,12 +97,14 @@ def staging(cache_stages, max_steps):
   return 0, dict(cache_stages=cache_stages, grow_cache=grow_history)
 
 
-def run_beam(model, lengths, beam_size, alpha, max_steps, calls=None, jit=True, cache_stages=()):
+def run_beam(model, lengths, beam_size, alpha, max_steps, calls=None, jit=True, cache_stages=(),
+             early_stopping='bound'):
   t1, t2, bias = model
   cache_length, stage_kwargs = staging(cache_stages, max_steps)
   search = functools.partial(
       decoding.beam_search, make_step_fn(t1, t2, calls), batch_size=bias.shape[0],
-      beam_size=beam_size, alpha=alpha, max_steps=max_steps, eos_id=EOS, bos_id=BOS, **stage_kwargs)
+      beam_size=beam_size, alpha=alpha, max_steps=max_steps, eos_id=EOS, bos_id=BOS,
+      early_stopping=early_stopping, **stage_kwargs)
   if jit:
     search = jax.jit(search)
   tokens, scores = search(make_cache(bias, beam_size, cache_length),
@@ -193,6 +197,27 @@ def test_finished_short_hypothesis_does_not_stop_a_longer_winner():
   np.testing.assert_allclose(scores[0, 0], np.log(0.35 * 0.999**2) / (8 / 6) ** 0.6, rtol=1e-5)
   tokens, _ = run_beam(model, [10], beam_size=1, alpha=0.0, max_steps=10)
   assert strip(tokens[0, 0]) == (EOS,)
+
+
+def test_finished_early_stopping_stops_once_the_beam_has_finished():
+  # The model above: with early_stopping='finished' (fairseq, CTranslate2) the sentence is done as soon as
+  # beam_size (1) hypotheses have finished, at step 1 with [EOS], and the better [3, 4, EOS] is given up.
+  model = bigram_model([0.4, 0.35, 0.125, 0.125], [0.25] * 4,
+                       rows={3: [0.0005, 0.0003, 0.999, 0.0002], 4: [0.999, 0.0005, 0.0003, 0.0002]})
+  calls = []
+  tokens, scores = run_beam(model, [10], beam_size=1, alpha=0.6, max_steps=10, calls=calls,
+                            early_stopping='finished')
+  jax.effects_barrier()
+  assert strip(tokens[0, 0]) == (EOS,) and len(calls) == 1
+  np.testing.assert_allclose(scores[0, 0], np.log(0.4), rtol=1e-5)
+  # Two beams: [EOS] finishes at step 1, [4, EOS] (live [4] extended by EOS, among the two best extensions)
+  # at step 2, which fills the beam and ends the search before [3, 4, EOS], the best, can finish at step 3.
+  calls = []
+  tokens, _ = run_beam(model, [10], beam_size=2, alpha=0.6, max_steps=10, calls=calls, early_stopping='finished')
+  jax.effects_barrier()
+  assert [strip(row) for row in tokens[0]] == [(EOS,), (4, EOS)] and len(calls) == 2
+  tokens, _ = run_beam(model, [10], beam_size=2, alpha=0.6, max_steps=10)
+  assert strip(tokens[0, 0]) == (3, 4, EOS)
 
 
 def test_stops_early_once_no_live_hypothesis_can_win():
@@ -296,3 +321,14 @@ def test_bad_arguments_raise():
   with pytest.raises(ValueError, match=r'expected \(2,\)'):
     decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4),
                          max_decode_lengths=jnp.array([4, 4, 4]), **kwargs)
+  with pytest.raises(ValueError, match="early_stopping must be one of .* got 'eager'"):
+    decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4), max_decode_lengths=jnp.array([4, 4]),
+                         early_stopping='eager', **kwargs)
+
+
+def test_config_names_a_bad_early_stopping():
+  config = base.get_config()
+  config_checks.validate_config(config)
+  config.decode.early_stopping = 'eager'
+  with pytest.raises(ValueError, match=r"decode\.early_stopping must be one of \('bound', 'finished'\), got 'eager'"):
+    config_checks.validate_config(config)

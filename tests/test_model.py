@@ -259,15 +259,19 @@ def first_decoding_step(model, params):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize('product, cache_dtype', [('compute', jnp.bfloat16), ('float32', jnp.float32)])
-def test_attention_product_dtype_is_the_configs_not_the_backends(product, cache_dtype):
-  """Both settings run here (the CPU) and keep what they say: bf16 attention products and cache with
-  'compute' (what accelerators run), float32 with 'float32'; their logits agree to bf16 precision."""
+@pytest.mark.parametrize('product, cross_cache_dtype', [('compute', jnp.bfloat16), ('float32', jnp.float32)])
+def test_attention_product_dtype_is_the_configs_not_the_backends(product, cross_cache_dtype):
+  """Both settings run here (the CPU) and keep what they say: bf16 attention products with 'compute' (what
+  accelerators run), float32 with 'float32'; their logits agree to bf16 precision. The self-attention cache,
+  which beam search reorders at every step, holds K and V in the compute dtype (bf16) either way; the
+  encoder-decoder cache, cast once per sentence, in the product dtype."""
   model = make_model(dtype='bfloat16', attention_product_dtype=product)
   params = init_params(model)
   logits, cache = first_decoding_step(model, params)
-  cached = [x for path, x in jax.tree_util.tree_leaves_with_path(cache) if 'cached_key' in str(path)]
-  assert len(cached) == 2 * TINY['num_layers'] and {x.dtype for x in cached} == {jnp.dtype(cache_dtype)}
+  dtypes = {kind: {x.dtype for path, x in jax.tree_util.tree_leaves_with_path(cache)
+                   if 'cached_key' in str(path) and (kind == 'cross') == ('encoder_decoder' in str(path))}
+            for kind in ('self', 'cross')}
+  assert dtypes == {'self': {jnp.dtype(jnp.bfloat16)}, 'cross': {jnp.dtype(cross_cache_dtype)}}
   reference, _ = first_decoding_step(make_model(dtype='float32'), params)
   np.testing.assert_allclose(np.asarray(logits, np.float32), reference, rtol=0.1, atol=0.1)
   teacher_forced = forward(model)(params, SOURCE, DECODER_INPUT)

@@ -133,8 +133,11 @@ class MultiHeadAttention(nn.Module):
       queries and W^O stay split over HEADS.
     position_transform: f(x [batch, length, heads, d], positions) applied to queries and keys before the
       product and before keys enter the cache (rotary positions, `layers.apply_rope`), or None.
-    product_dtype: the dtype of the attention products and of the decoding cache; None: dtype
-      (`ModelConfig.attention_product_dtype`).
+    product_dtype: the dtype of the attention products; None: dtype (`ModelConfig.attention_product_dtype`).
+      The encoder-decoder attention's cache holds its keys and values in the product dtype (cast once per
+      sentence); the self-attention cache holds them in `dtype`, as the projections produce them: a float32
+      copy of bf16 values holds no more information, and beam search reorders that cache at every step
+      (its costliest part), which copies half the bytes in bf16.
   """
   num_heads: int
   d_k: int
@@ -194,10 +197,9 @@ class MultiHeadAttention(nn.Module):
       value = self._project(inputs_kv, self.d_v, 'value', kv_heads, kv_axis)  # [batch, kv_len, kv_heads, d_v]
       if self.position_transform is not None:  # Self-attention: the keys are at the queries' positions.
         key = self.position_transform(key, positions)
-      if use_cache and self.cross_attention:
-        cache_dtype = self._product_dtype
-        self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(cache_dtype))
-        self.put_variable('cache', 'cached_value', jnp.swapaxes(value, 1, 2).astype(cache_dtype))
+      if use_cache and self.cross_attention:  # Never reordered: kept in the product dtype, cast once.
+        self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(self._product_dtype))
+        self.put_variable('cache', 'cached_value', jnp.swapaxes(value, 1, 2).astype(self._product_dtype))
       elif use_cache:
         key, value, mask = self._update_self_attention_cache(key, value, mask)
 
@@ -213,8 +215,7 @@ class MultiHeadAttention(nn.Module):
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
     if self.attention_impl == 'fused' and self.dropout_rate == 0.0:
-      # One dtype for the three (jax.nn.dot_product_attention requires it): decoding caches hold K/V in the
-      # product dtype.
+      # One dtype for the three (jax.nn.dot_product_attention requires it).
       output = fused_dot_product_attention(*(x.astype(self._product_dtype) for x in (query, key, value)), mask)
       output = output.astype(self.dtype)
     else:
@@ -236,7 +237,7 @@ class MultiHeadAttention(nn.Module):
     """
     is_initialized = self.has_variable('cache', 'cached_key')
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, length, heads, d] <-> [batch, heads, length, d]
-    dtype = self._product_dtype
+    dtype = key.dtype  # The compute dtype the projections return.
     cached_key = self.variable('cache', 'cached_key', jnp.zeros, heads_first(key).shape, dtype)
     cached_value = self.variable('cache', 'cached_value', jnp.zeros, heads_first(value).shape, dtype)
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32))

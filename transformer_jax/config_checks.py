@@ -12,6 +12,7 @@ import jax
 
 from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import decoding
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import multi30k
@@ -53,6 +54,8 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
            'a finite number >= 0')
   _require(_is_positive_int(decode_cfg.extra_length), 'decode.extra_length', decode_cfg.extra_length,
            'an integer >= 1')
+  _require(decode_cfg.early_stopping in decoding.EARLY_STOPPING, 'decode.early_stopping', decode_cfg.early_stopping,
+           f'one of {decoding.EARLY_STOPPING}')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
            config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
   _validate_selection(config.eval, train_cfg)

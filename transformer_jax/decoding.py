@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 
 StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+# When a sentence's beam search stops (`beam_search`'s early_stopping).
+EARLY_STOPPING = ('bound', 'finished')
 GrowFn = Callable[[Any, int], Any]
 
 
@@ -203,7 +205,7 @@ def _extend(live_seqs: jax.Array, chosen: _Candidates, step: jax.Array) -> jax.A
 def _reorder_cache(cache: Any, parent: jax.Array, beam_size: int) -> Any:
   """Gathers the cache rows of the parent beams; parent is int [batch, beam] in [0, beam)."""
   rows = (jnp.arange(parent.shape[0])[:, None] * beam_size + parent).reshape(-1)  # [batch*beam]
-  return jax.tree.map(lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows, axis=0), cache)
+  return jax.tree.map(lambda x: x if jnp.ndim(x) == 0 else x.at[rows].get(mode='promise_in_bounds'), cache)
 
 
 def _update_finished(state: BeamState, candidates: _Candidates, finishing: jax.Array,
@@ -246,7 +248,7 @@ def _no_live_can_win(live_log_probs: jax.Array, finished_scores: jax.Array, leng
 
 
 def _beam_step(state: BeamState, step_fn: StepFn, max_lengths: jax.Array, alpha: float,
-               special_ids: tuple[int, int, int]) -> BeamState:
+               special_ids: tuple[int, int, int], early_stopping: str) -> BeamState:
   """Extends every live hypothesis by one token and reselects the live and finished beams."""
   eos_id, bos_id, pad_id = special_ids
   beam_size = state.live_log_probs.shape[1]
@@ -267,6 +269,8 @@ def _beam_step(state: BeamState, step_fn: StepFn, max_lengths: jax.Array, alpha:
   chosen = candidates.take(live_index)
   done = state.done | (length >= max_lengths) | _no_live_can_win(
       live_log_probs, finished_scores, length, max_lengths, alpha)
+  if early_stopping == 'finished':
+    done = done | ~jnp.isneginf(finished_scores[:, -1])  # beam_size hypotheses have finished.
   return BeamState(length, _extend(state.live_seqs, chosen, state.step), live_log_probs, finished_seqs,
                    finished_scores, done, _reorder_cache(cache, chosen.parent, beam_size))
 
@@ -291,7 +295,7 @@ def _run_stages(state: Any, step: Callable[[Any], Any], max_steps: int, cache_st
 def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int, alpha: float,
                 max_decode_lengths: jax.Array, max_steps: int, eos_id: int, bos_id: int,
                 pad_id: int = 0, cache_stages: Sequence[int] = (),
-                grow_cache: GrowFn | None = None) -> tuple[jax.Array, jax.Array]:
+                grow_cache: GrowFn | None = None, early_stopping: str = 'bound') -> tuple[jax.Array, jax.Array]:
   """Beam search with length penalty (Sec. 6.1: beam 4, alpha 0.6, max length = input length + 50).
 
   The paper takes the length penalty from Wu et al. (2016, GNMT): a hypothesis Y is scored
@@ -304,7 +308,11 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
   Early stop: sentence b is done when it reaches L_b, or when no live hypothesis can beat the worst
   of its beam_size finished ones: with s the best live log-prob at length n, every completion scores
   at most s / max(lp(n+1), lp(L_b)) (log-probs only decrease, but for alpha > 0 lp keeps growing up
-  to L_b, so the current lp(n) would stop too early; derivation in `_no_live_can_win`). Finished
+  to L_b, so the current lp(n) would stop too early; derivation in `_no_live_can_win`). That bound
+  (early_stopping='bound', as tensor2tensor and the Flax WMT example) returns what a search without
+  early stop would; with a large alpha it rarely fires before L_b. early_stopping='finished' also
+  stops a sentence as soon as beam_size hypotheses have finished (fairseq's and CTranslate2's rule):
+  a live hypothesis that the length penalty would have ranked higher later is given up. Finished
   hypotheses of a done sentence are frozen. The loop stops when every sentence is done, which
   happens after at most max_steps steps.
 
@@ -323,6 +331,7 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
     cache_stages: step counts at which the cache grows, e.g. (16, 32, 64); empty for one stage.
     grow_cache: grow_cache(cache, n) returns the cache enlarged to hold n positions (called with each
       stage's last step count, the first stage's included); needed when cache_stages is given.
+    early_stopping: 'bound' or 'finished' (EARLY_STOPPING), see above.
 
   Returns:
     tokens: int32 [batch, beam_size, max_steps], best-first; EOS-ended or exactly L_b tokens, PAD
@@ -331,15 +340,18 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
 
   Raises:
     ValueError: on a bad size, a cache leaf without leading dim batch*beam_size, a
-      max_decode_lengths of the wrong shape, or eos_id equal to bos_id or pad_id.
+      max_decode_lengths of the wrong shape, eos_id equal to bos_id or pad_id, or an unknown early_stopping.
   """
   if beam_size < 1:
     raise ValueError(f'beam_size must be >= 1, got {beam_size}')
+  if early_stopping not in EARLY_STOPPING:
+    raise ValueError(f'early_stopping must be one of {EARLY_STOPPING}, got {early_stopping!r}')
   special_ids = (eos_id, bos_id, pad_id)
   max_lengths = _check_args(cache, batch_size * beam_size, max_decode_lengths, batch_size,
                             max_steps, special_ids)
   state = _init_beam_state(cache, batch_size, beam_size, max_steps, pad_id)
-  state = _run_stages(state, lambda s: _beam_step(s, step_fn, max_lengths, alpha, special_ids), max_steps,
+  state = _run_stages(state, lambda s: _beam_step(s, step_fn, max_lengths, alpha, special_ids, early_stopping),
+                      max_steps,
                       cache_stages, grow_cache)
   empty = jnp.isneginf(state.finished_scores)[:, :, None]  # [batch, beam, 1]
   return jnp.where(empty, pad_id, state.finished_seqs), state.finished_scores

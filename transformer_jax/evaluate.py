@@ -108,7 +108,7 @@ def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, bea
   return translation.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
                                 beam_size=beam_size or decode_cfg.beam_size,
                                 alpha=decode_cfg.alpha if alpha is None else alpha,
-                                extra_length=decode_cfg.extra_length,
+                                extra_length=decode_cfg.extra_length, early_stopping=decode_cfg.early_stopping,
                                 batch_sharding=sharding.batch_sharding(setup.mesh))
 
 

@@ -231,7 +231,7 @@ def translate_sentence(run: Run, source: str, beam_size: int | None = None) -> s
   tokens = translation.decode_batch(run.params, jnp.asarray([source_ids], jnp.int32),
                                     model=model_lib.Transformer(run.model_cfg),
                                     beam_size=beam_size or decode.beam_size, alpha=decode.alpha,
-                                    extra_length=decode.extra_length)
+                                    extra_length=decode.extra_length, early_stopping=decode.early_stopping)
   return run.tokenizer.decode(np.asarray(tokens))[0]
 
 

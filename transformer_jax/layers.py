@@ -177,7 +177,7 @@ class _Layer(nn.Module):
   feed_forward: str = 'relu'
   num_kv_heads: int | None = None
   rope: bool = False  # Rotary positions in self-attention (position_embedding='rope').
-  attention_product_dtype: Any = None  # Of the attention products and decoding cache; None: dtype.
+  attention_product_dtype: Any = None  # Of the attention products; None: dtype.
 
   def make_residual(self, name: str) -> Residual:
     return Residual(self.layer_norm_position, self.dropout_rate, self.dtype, self.norm, name=name)

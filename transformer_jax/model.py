@@ -58,8 +58,9 @@ class ModelConfig:
   norm: Norm = 'layer_norm'
   feed_forward: FeedForwardKind = 'relu'
   num_kv_heads: int | None = None  # Heads of W^K and W^V; None: num_heads (the paper's multi-head attention).
-  # The dtype Q K^T and weights x V multiply in, and the decoding cache's: 'compute' (= dtype, what
-  # accelerators run) or 'float32' (XLA:CPU multiplies batched bf16 products slowly: the CPU configs set it).
+  # The dtype Q K^T and weights x V multiply in: 'compute' (= dtype, what accelerators run) or 'float32'
+  # (XLA:CPU multiplies batched bf16 products slowly: the CPU configs set it). Also the dtype of the
+  # encoder-decoder attention's decoding cache; the self-attention cache is always dtype.
   attention_product_dtype: AttentionProductDtype = 'compute'
 
   def __post_init__(self):
@@ -98,7 +99,7 @@ class ModelConfig:
 
   @property
   def product_dtype(self) -> jnp.dtype:
-    """The dtype of the attention products and the decoding cache (`attention_product_dtype`)."""
+    """The dtype of the attention products (`attention_product_dtype`); see `attention.MultiHeadAttention`."""
     return self.compute_dtype if self.attention_product_dtype == 'compute' else jnp.dtype(jnp.float32)
 
 

@@ -27,10 +27,10 @@ CACHE_STAGES = (16, 32, 64, 128, 256)
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length', 'cache_stages',
-                                             'with_scores'))
+                                             'with_scores', 'early_stopping'))
 def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int,
                  alpha: float, extra_length: int, cache_stages: tuple[int, ...] = CACHE_STAGES,
-                 with_scores: bool = False) -> Array | tuple[Array, Array]:
+                 with_scores: bool = False, early_stopping: str = 'bound') -> Array | tuple[Array, Array]:
   """Translates one batch: encoder once, then cached beam search (or greedy when beam_size is 1).
 
   The maximum output length is the source length (tokens, EOS included) + extra_length (§6.1: +50).
@@ -45,6 +45,7 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
     cache_stages: decoded lengths at which the self-attention cache grows (the search compiles one loop
       per stage below the maximum length); () keeps the whole length from the start. Same output.
     with_scores: return every hypothesis with its score (beam search even at beam_size 1).
+    early_stopping: when a sentence's beam search stops (`decoding.beam_search`): 'bound' or 'finished'.
 
   Returns:
     int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS. With with_scores, the
@@ -79,7 +80,8 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
                 cache_stages=cache_stages, grow_cache=model_lib.grow_decoding_cache)
   if beam_size == 1 and not with_scores:
     return decoding.greedy_search(step_fn, cache, **common)
-  tokens, scores = decoding.beam_search(step_fn, cache, beam_size=beam_size, alpha=alpha, **common)
+  tokens, scores = decoding.beam_search(step_fn, cache, beam_size=beam_size, alpha=alpha,
+                                        early_stopping=early_stopping, **common)
   return (tokens, scores) if with_scores else tokens[:, 0, :]
 
 
@@ -97,7 +99,7 @@ def _split_cache(cache) -> tuple[dict, Any]:
 
 def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_sentences: int, *,
                model: model_lib.Transformer, beam_size: int, alpha: float, extra_length: int,
-               batch_sharding: jax.sharding.Sharding | None = None,
+               batch_sharding: jax.sharding.Sharding | None = None, early_stopping: str = 'bound',
                log_every_seconds: float = 20.0) -> list[np.ndarray]:
   """The best hypothesis of every sentence of `batches`, in the original order.
 
@@ -110,7 +112,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     params: model parameters (e.g. an average of checkpoints), placed or sharded as for training.
     batches: eval batches with `source_tokens` and `example_index` (-1 on padding rows).
     num_sentences: number of sentences; every one must receive an output.
-    model, beam_size, alpha, extra_length: see `decode_batch`.
+    model, beam_size, alpha, extra_length, early_stopping: see `decode_batch`.
     batch_sharding: the sharding of a global batch over the data axes (`sharding.batch_sharding`), or None.
     log_every_seconds: how often a progress line (sentences done, rate, time left) is logged.
 
@@ -129,7 +131,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
       source, index = (jax.make_array_from_process_local_data(batch_sharding, batch[key])
                        for key in ('source_tokens', 'example_index'))
     tokens = decode_batch(params, source, model=model, beam_size=beam_size, alpha=alpha,
-                          extra_length=extra_length)
+                          extra_length=extra_length, early_stopping=early_stopping)
     # Every row, on every process, in the same global order for the tokens and their sentence indices.
     tokens, index = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
     for row in np.flatnonzero(index >= 0):

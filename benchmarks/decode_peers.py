@@ -1,0 +1,93 @@
+"""Beam search at the issue's SMALL shape against CTranslate2 on the same parameters, alternately, in one process.
+
+  python benchmarks/decode_peers.py [--config=configs/multi30k.py] [--rounds=5] [--threads=1,2]
+
+The model of the config (configs/multi30k.py: SMALL, 3 layers, d_model 256, vocabulary 8,000) with freshly
+initialised parameters decodes 16 synthetic sources of 32 tokens (`benchmark.synthetic_batch`), beam 4, up to
+source length + decode.extra_length = 82 tokens. The same parameters are exported to CTranslate2 (int8 and
+float32; `export.build_spec`, pieces named by their ids) and decode the same sources with
+min_decoding_length = max_decoding_length = 82, so that both run every step (an untrained model rarely ends
+a hypothesis; the mean length each side produced is printed to check). Ours runs with the CPU's threads (XLA's
+pool); CTranslate2 with `intra_threads` in turn from --threads. Rounds alternate the decoders, so whatever else
+the machine does falls on all of them alike; the first call of ours (compilation) is timed apart.
+Prints one JSON line per decoder (median and fastest sentences/s over the rounds); run it alone.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import ctranslate2
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import benchmark
+from transformer_jax import experiment
+from transformer_jax import export
+from transformer_jax import translation
+from transformer_jax import workdir as workdir_lib
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--config', default='configs/multi30k.py')
+  parser.add_argument('--sentences', type=int, default=16)
+  parser.add_argument('--source_length', type=int, default=32)
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--threads', default='1,2', help='CTranslate2 intra_threads, each a decoder of its own')
+  args = parser.parse_args()
+  config = workdir_lib.load_config(args.config)
+  setup = experiment.compute_setup(config)
+  model, cfg = setup.model, setup.model.cfg
+  sources = benchmark.synthetic_batch(cfg, args.sentences, args.source_length, 1)['source_tokens']
+  params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(sources), jnp.asarray(sources))['params'])
+  beam, alpha, extra = config.decode.beam_size, config.decode.alpha, config.decode.extra_length
+  steps = args.source_length + extra
+
+  decode = jax.jit(lambda p, s: translation.decode_batch(p, s, model=model, beam_size=beam, alpha=alpha,
+                                                         extra_length=extra))
+  source_device = jnp.asarray(sources)
+  start = time.perf_counter()
+  tokens = jax.block_until_ready(decode(params, source_device))
+  first_call = time.perf_counter() - start
+  decoders = {'ours': lambda: np.asarray(decode(params, source_device))}
+  pieces = ['<pad>', '<s>', '</s>', '<unk>'] + [f'p{i}' for i in range(4, cfg.vocab_size)]  # tokenizer's ids.
+  source_pieces = [[pieces[i] for i in row] for row in sources]
+  root = tempfile.mkdtemp(prefix='decode_peers_')
+  for quantization in ('int8', 'float32'):
+    spec = export.build_spec(jax.device_get(params), cfg, pieces)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    os.makedirs(f'{root}/{quantization}')
+    spec.save(f'{root}/{quantization}')
+    for threads in (int(t) for t in args.threads.split(',')):
+      translator = ctranslate2.Translator(f'{root}/{quantization}', device='cpu', inter_threads=1,
+                                         intra_threads=threads)
+      decoders[f'ctranslate2_{quantization}_{threads}thread'] = (
+          lambda t=translator: t.translate_batch(source_pieces, beam_size=beam, max_batch_size=args.sentences,
+                                                 min_decoding_length=steps, max_decoding_length=steps))
+  lengths = {'ours': float(np.mean(np.sum(np.asarray(tokens) != 0, axis=-1)))}
+  for name, fn in decoders.items():
+    if name != 'ours':
+      lengths[name] = float(np.mean([len(r.hypotheses[0]) for r in fn()]))
+  seconds = {name: [] for name in decoders}
+  for _ in range(args.rounds):
+    for name, fn in decoders.items():
+      start = time.perf_counter()
+      fn()
+      seconds[name].append(time.perf_counter() - start)
+  for name, values in seconds.items():
+    print(json.dumps({'decoder': name, 'sentences': args.sentences, 'beam': beam, 'max_steps': steps,
+                      'mean_output_tokens': round(lengths[name], 1),
+                      'sentences_per_sec_median': round(args.sentences / statistics.median(values), 2),
+                      'sentences_per_sec_fastest': round(args.sentences / min(values), 2),
+                      **({'first_call_s': round(first_call, 2)} if name == 'ours' else {})}), flush=True)
+
+
+if __name__ == '__main__':
+  sys.exit(main())
