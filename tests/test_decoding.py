@@ -332,3 +332,12 @@ def test_config_names_a_bad_early_stopping():
   config.decode.early_stopping = 'eager'
   with pytest.raises(ValueError, match=r"decode\.early_stopping must be one of \('bound', 'finished'\), got 'eager'"):
     config_checks.validate_config(config)
+
+
+def test_config_names_a_decode_batch_too_small_for_the_longest_bucket():
+  config = base.get_config()
+  config.decode.tokens_per_batch = config.data.max_length
+  config_checks.validate_config(config)
+  config.decode.tokens_per_batch = config.data.max_length - 1
+  with pytest.raises(ValueError, match=r'decode\.tokens_per_batch.*data\.max_length=256'):
+    config_checks.validate_config(config)

@@ -54,6 +54,11 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
            'a finite number >= 0')
   _require(_is_positive_int(decode_cfg.extra_length), 'decode.extra_length', decode_cfg.extra_length,
            'an integer >= 1')
+  _require(isinstance(decode_cfg.tokens_per_batch, int) and (
+      decode_cfg.tokens_per_batch == 0 or decode_cfg.tokens_per_batch >= data_cfg.max_length),
+           'decode.tokens_per_batch', decode_cfg.tokens_per_batch,
+           f'0 (data.tokens_per_batch) or an integer >= data.max_length={data_cfg.max_length} (one row of the longest '
+           'bucket per data shard)')
   _require(decode_cfg.early_stopping in decoding.EARLY_STOPPING, 'decode.early_stopping', decode_cfg.early_stopping,
            f'one of {decoding.EARLY_STOPPING}')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',

@@ -103,8 +103,9 @@ def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, bea
   tokenised sources, in order, batched as config.data says."""
   if target_ids is None:
     target_ids = batching.Ragged.from_lists([[] for _ in range(len(source_ids))])
-  batches = input_pipeline.split_eval_batches(config.data, source_ids, target_ids, setup.data_shards)
   decode_cfg = config.decode
+  batches = input_pipeline.split_eval_batches(config.data, source_ids, target_ids, setup.data_shards,
+                                              tokens_per_batch=decode_cfg.tokens_per_batch)
   return translation.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
                                 beam_size=beam_size or decode_cfg.beam_size,
                                 alpha=decode_cfg.alpha if alpha is None else alpha,

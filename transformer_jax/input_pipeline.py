@@ -219,11 +219,13 @@ def encode_split(data_config: Any, tokenizer: tokenizer_lib.Tokenizer, split: st
 
 
 def split_eval_batches(data_config: Any, source_ids: batching.Ids, target_ids: batching.Ids,
-                       data_shards: int) -> list[batching.Batch]:
+                       data_shards: int, tokens_per_batch: int | None = None) -> list[batching.Batch]:
   """This host's rows of the evaluation batches of a whole split (`batching.eval_batches`), whose row counts
-  divide by `data_shards` (the devices a batch's rows are split over)."""
+  divide by `data_shards` (the devices a batch's rows are split over), of data.tokens_per_batch tokens or
+  `tokens_per_batch` where given."""
   return batching.eval_batches(
-      source_ids, target_ids, tokens_per_batch=data_config.tokens_per_batch, max_length=data_config.max_length,
+      source_ids, target_ids, tokens_per_batch=tokens_per_batch or data_config.tokens_per_batch,
+      max_length=data_config.max_length,
       bucket_lengths=data_config.bucket_lengths, batch_size_multiple=data_shards,
       process_index=jax.process_index(), process_count=jax.process_count())
 
