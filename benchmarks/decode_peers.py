@@ -29,6 +29,7 @@ import numpy as np
 from transformer_jax import benchmark
 from transformer_jax import experiment
 from transformer_jax import export
+from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
 from transformer_jax import workdir as workdir_lib
 
@@ -56,7 +57,7 @@ def main() -> None:
   tokens = jax.block_until_ready(decode(params, source_device))
   first_call = time.perf_counter() - start
   decoders = {'ours': lambda: np.asarray(decode(params, source_device))}
-  pieces = ['<pad>', '<s>', '</s>', '<unk>'] + [f'p{i}' for i in range(4, cfg.vocab_size)]  # tokenizer's ids.
+  pieces = ['<pad>', '<s>', '</s>', '<unk>'] + [f'p{i}' for i in range(4, cfg.vocab_size)]  # tokenizer_lib's ids.
   source_pieces = [[pieces[i] for i in row] for row in sources]
   root = tempfile.mkdtemp(prefix='decode_peers_')
   for quantization in ('int8', 'float32'):
@@ -71,7 +72,8 @@ def main() -> None:
       decoders[f'ctranslate2_{quantization}_{threads}thread'] = (
           lambda t=translator: t.translate_batch(source_pieces, beam_size=beam, max_batch_size=args.sentences,
                                                  min_decoding_length=steps, max_decoding_length=steps))
-  lengths = {'ours': float(np.mean(np.sum(np.asarray(tokens) != 0, axis=-1)))}
+  tokens = np.asarray(tokens)  # EOS excluded, as CTranslate2 returns its hypotheses.
+  lengths = {'ours': float(np.mean(np.sum((tokens != 0) & (tokens != tokenizer_lib.EOS_ID), axis=-1)))}
   for name, fn in decoders.items():
     if name != 'ours':
       lengths[name] = float(np.mean([len(r.hypotheses[0]) for r in fn()]))

@@ -13,6 +13,7 @@ import jax
 from ml_collections import config_flags
 import pytest
 
+from transformer_jax import config_checks
 from transformer_jax import model as model_lib
 from transformer_jax import summary
 
@@ -174,3 +175,24 @@ def test_multi30k_takes_the_target_language():
   assert load('multi30k.py', 'fr').data.target_lang == 'fr' and load('multi30k.py', None).data.target_lang == 'de'
   with pytest.raises(ValueError, match="Multi30k's targets are 'de' and 'fr'"):
     load('multi30k.py', 'cs')
+
+
+def test_validation_names_a_bad_early_stopping():
+  config = load_config_module(CONFIG_DIR / 'base.py').get_config()
+  config_checks.validate_config(config, num_devices=1)
+  config.decode.early_stopping = 'eager'
+  with pytest.raises(ValueError, match=r"decode\.early_stopping must be one of \('bound', 'finished'\), got 'eager'"):
+    config_checks.validate_config(config, num_devices=1)
+
+
+def test_validation_needs_a_decoding_batch_row_of_the_longest_bucket_per_data_shard():
+  config = load_config_module(CONFIG_DIR / 'base.py').get_config()  # data.max_length 256, mesh.data -1.
+  config.decode.tokens_per_batch = 256
+  config_checks.validate_config(config, num_devices=1)
+  with pytest.raises(ValueError, match=r'decode\.tokens_per_batch.*256 x 8'):
+    config_checks.validate_config(config, num_devices=8)
+  config.decode.tokens_per_batch = 8 * 256
+  config_checks.validate_config(config, num_devices=8)
+  config.decode.tokens_per_batch = True
+  with pytest.raises(ValueError, match=r'decode\.tokens_per_batch'):
+    config_checks.validate_config(config, num_devices=1)

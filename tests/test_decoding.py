@@ -13,8 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import base
-from transformer_jax import config_checks
 from transformer_jax import decoding
 
 PAD, BOS, EOS = 0, 1, 2
@@ -325,19 +323,3 @@ def test_bad_arguments_raise():
     decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4), max_decode_lengths=jnp.array([4, 4]),
                          early_stopping='eager', **kwargs)
 
-
-def test_config_names_a_bad_early_stopping():
-  config = base.get_config()
-  config_checks.validate_config(config)
-  config.decode.early_stopping = 'eager'
-  with pytest.raises(ValueError, match=r"decode\.early_stopping must be one of \('bound', 'finished'\), got 'eager'"):
-    config_checks.validate_config(config)
-
-
-def test_config_names_a_decode_batch_too_small_for_the_longest_bucket():
-  config = base.get_config()
-  config.decode.tokens_per_batch = config.data.max_length
-  config_checks.validate_config(config)
-  config.decode.tokens_per_batch = config.data.max_length - 1
-  with pytest.raises(ValueError, match=r'decode\.tokens_per_batch.*data\.max_length=256'):
-    config_checks.validate_config(config)

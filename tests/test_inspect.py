@@ -1,4 +1,5 @@
 """Tests for transformer_jax.inspection and transformer_jax.plots on tiny models and synthetic runs."""
+import json
 import os
 import pathlib
 
@@ -221,11 +222,16 @@ def test_load_run_and_sentence_attention(tmp_path):
   config = workdir_lib.load_config(REPO_ROOT / 'configs' / 'tiny.py')
   config.data.vocab_size = 300
   workdir_lib.save_config(config, tmp_path)
+  # As a run trained before decode.early_stopping and decode.tokens_per_batch existed stored it.
+  stored = json.loads((tmp_path / 'config.json').read_text())
+  del stored['decode']['early_stopping'], stored['decode']['tokens_per_batch']
+  (tmp_path / 'config.json').write_text(json.dumps(stored))
   cfg = model_lib.ModelConfig(vocab_size=tokenizer.vocab_size, **config.model)
   params = init_params(cfg, seed=3)
   save_run(tmp_path, cfg, {4: params})
 
-  run = inspection.load_run(tmp_path)  # Config from config.json.
+  run = inspection.load_run(tmp_path)  # Config from config.json, completed with today's defaults.
+  assert run.config.decode.early_stopping == 'bound'
   assert (run.step, run.model_cfg, run.tokenizer.vocab_size) == (4, cfg, 300)
   assert_trees_equal(run.params, params)
   assert 'total_params:' in inspection.parameter_table(run.params)

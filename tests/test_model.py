@@ -223,8 +223,9 @@ def test_grow_decoding_cache_pads_self_attention_positions_only():
 
 
 def test_fused_attention_decodes_in_bfloat16_like_the_einsum_path():
-  """The decoding cache holds K/V in the product dtype (here float32) while bf16 queries come in: the fused
-  path must cast them to one dtype (jax.nn.dot_product_attention rejects mixed ones)."""
+  """The encoder-decoder cache holds K/V in the product dtype (here float32) while bf16 queries come in (the
+  self-attention cache is bf16): the fused path must cast them to one dtype (jax.nn.dot_product_attention
+  rejects mixed ones)."""
   logits = {}
   for impl in ('xla', 'fused'):
     model = make_model(dtype='bfloat16', attention_impl=impl, attention_product_dtype='float32')

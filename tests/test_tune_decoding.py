@@ -51,20 +51,25 @@ def test_rows_equal_the_evaluation_of_the_same_decoding(tmp_path, corpus, refere
     params, _ = evaluate.load_params(config.eval, setup)
     split = input_pipeline.encode_split(config.data, setup.tokenizer, config.data.eval_split)
     hypotheses = evaluate.translate_ids(config, setup, params, split.source_ids, beam_size=2, alpha=0.6)
-    # decode.tokens_per_batch sets the decoding batches apart from data.tokens_per_batch; translations stay.
+    # decode.tokens_per_batch sets the decoding batches apart from data.tokens_per_batch (the same
+    # translations); decode.early_stopping reaches the search.
     calls = []
     decode_batch = translation.decode_batch
     monkeypatch.setattr(translation, 'decode_batch', lambda *args, **kwargs: (
-        calls.append(args[1].shape), decode_batch(*args, **kwargs))[1])
+        calls.append((*args[1].shape, kwargs['early_stopping'])), decode_batch(*args, **kwargs))[1])
     config.data.tokens_per_batch = 512  # [16, 32] batches (the run trained on [8, 32]).
     larger = evaluate.translate_ids(config, setup, params, split.source_ids, beam_size=2, alpha=0.6)
-    assert set(calls) == {(16, 32)}
+    assert set(calls) == {(16, 32, 'bound')}
     calls.clear()
     config.decode.tokens_per_batch = 256
     smaller = evaluate.translate_ids(config, setup, params, split.source_ids, beam_size=2, alpha=0.6)
+    assert set(calls) == {(8, 32, 'bound')}
+    calls.clear()
+    config.decode.early_stopping = 'finished'
+    evaluate.translate_ids(config, setup, params, split.source_ids, beam_size=2, alpha=0.6)
   finally:
     setup.close()
-  assert set(calls) == {(8, 32)} and larger == smaller == hypotheses
+  assert set(calls) == {(8, 32, 'finished')} and larger == smaller == hypotheses
   scores = bleu.all_bleu(hypotheses, split.target_texts, config.data.target_lang)
   for key in ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'length_ratio'):
     assert row[key] == pytest.approx(scores[key])

@@ -41,7 +41,7 @@ class BeamState(NamedTuple):
   live_log_probs: jax.Array   # float32 [batch, beam]; sum of token log-probs, -inf for an empty slot.
   finished_seqs: jax.Array    # int32 [batch, beam, max_steps]; PAD after the last token.
   finished_scores: jax.Array  # float32 [batch, beam]; log-prob / lp(|Y|), best-first, -inf if empty.
-  done: jax.Array             # bool [batch]; the sentence's finished hypotheses can no longer change.
+  done: jax.Array             # bool [batch]; the sentence's finished hypotheses are final (frozen).
   cache: Any                  # step_fn's pytree; leaves with ndim >= 1 have leading dim batch*beam.
 
 
@@ -351,8 +351,7 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
                             max_steps, special_ids)
   state = _init_beam_state(cache, batch_size, beam_size, max_steps, pad_id)
   state = _run_stages(state, lambda s: _beam_step(s, step_fn, max_lengths, alpha, special_ids, early_stopping),
-                      max_steps,
-                      cache_stages, grow_cache)
+                      max_steps, cache_stages, grow_cache)
   empty = jnp.isneginf(state.finished_scores)[:, :, None]  # [batch, beam, 1]
   return jnp.where(empty, pad_id, state.finished_seqs), state.finished_scores
 

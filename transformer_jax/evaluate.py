@@ -100,7 +100,8 @@ def validate(setup: experiment.Build, eval_fn, params, eval_batches, step: int) 
 def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, beam_size: int | None = None,
                   alpha: float | None = None) -> list[str]:
   """Beam search (config.decode; `beam_size` and `alpha` override decode.beam_size and decode.alpha) over
-  tokenised sources, in order, batched as config.data says."""
+  tokenised sources, in order, in data's buckets of decode.tokens_per_batch source tokens (0:
+  data.tokens_per_batch)."""
   if target_ids is None:
     target_ids = batching.Ragged.from_lists([[] for _ in range(len(source_ids))])
   decode_cfg = config.decode

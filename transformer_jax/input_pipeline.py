@@ -220,9 +220,18 @@ def encode_split(data_config: Any, tokenizer: tokenizer_lib.Tokenizer, split: st
 
 def split_eval_batches(data_config: Any, source_ids: batching.Ids, target_ids: batching.Ids,
                        data_shards: int, tokens_per_batch: int | None = None) -> list[batching.Batch]:
-  """This host's rows of the evaluation batches of a whole split (`batching.eval_batches`), whose row counts
-  divide by `data_shards` (the devices a batch's rows are split over), of data.tokens_per_batch tokens or
-  `tokens_per_batch` where given."""
+  """This host's rows of the evaluation batches of a whole split (`batching.eval_batches`).
+
+  Args:
+    data_config: config.data (max_length, bucket_lengths, tokens_per_batch).
+    source_ids, target_ids: the split's token ids (targets may be empty rows).
+    data_shards: the devices a batch's rows are split over; every batch's row count divides by it.
+    tokens_per_batch: tokens per batch; None or 0: data.tokens_per_batch (decoding passes
+      decode.tokens_per_batch).
+
+  Raises:
+    ValueError: if not one row per data shard of the longest bucket fits in tokens_per_batch.
+  """
   return batching.eval_batches(
       source_ids, target_ids, tokens_per_batch=tokens_per_batch or data_config.tokens_per_batch,
       max_length=data_config.max_length,

@@ -110,14 +110,20 @@ def load_run(workdir: str | os.PathLike[str], config=None, step: int | None = No
 
   Args:
     workdir: the run's directory.
-    config: anything `workdir.load_config` takes; None reads `<workdir>/config.json`.
+    config: a ConfigDict (used as is), or anything else `workdir.load_config` takes; None reads the run's
+      config (`workdir.load_run_config`: `<workdir>/config.json` with the changes recorded since). Read
+      from a file, fields added to the code after the run was trained take their defaults (the behaviour
+      the run had).
     step: a checkpoint step; None means the latest.
 
   Raises:
     FileNotFoundError: for a missing config, vocabulary or checkpoint.
   """
   workdir = os.fspath(workdir)
-  config = workdir_lib.load_config(workdir if config is None else config)
+  if config is None:
+    config = workdir_lib.load_run_config(workdir)
+  elif not isinstance(config, ml_collections.ConfigDict):  # A file: completed as the run's own would be.
+    config = workdir_lib.with_defaults(workdir_lib.load_config(config))
   tokenizer_path = workdir_lib.path(workdir, workdir_lib.vocabulary_file(config.data.vocab_size))
   if not os.path.isfile(tokenizer_path):
     raise FileNotFoundError(f'no vocabulary {tokenizer_path}: is data.vocab_size={config.data.vocab_size} '
@@ -225,7 +231,8 @@ def sentence_attention(run: Run, source: str, target: str) -> AttentionMaps:
 
 def translate_sentence(run: Run, source: str, beam_size: int | None = None) -> str:
   """The run's own translation of `source` (raw text), decoded as evaluation does: beam search with the run's
-  decode.beam_size (or `beam_size`; 1 is greedy), decode.alpha and decode.extra_length (§6.1)."""
+  decode.beam_size (or `beam_size`; 1 is greedy), decode.alpha, decode.extra_length (§6.1) and
+  decode.early_stopping."""
   source_ids = run.tokenizer.encode([source])[0] + [tokenizer_lib.EOS_ID]
   decode = run.config.decode
   tokens = translation.decode_batch(run.params, jnp.asarray([source_ids], jnp.int32),

@@ -52,8 +52,11 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
     `decoding.beam_search` pair: tokens [batch, beam_size, src_len + extra_length], scores [batch, beam_size].
 
   Raises:
-    ValueError: with learned positions, if src_len + extra_length exceeds model.max_length.
+    ValueError: with learned positions, if src_len + extra_length exceeds model.max_length; for an
+      early_stopping not in `decoding.EARLY_STOPPING`.
   """
+  if early_stopping not in decoding.EARLY_STOPPING:  # Also where greedy search ignores it.
+    raise ValueError(f'early_stopping must be one of {decoding.EARLY_STOPPING}, got {early_stopping!r}')
   batch_size, source_length = source_tokens.shape
   source_segment_ids = model_lib.segment_ids_from_tokens(source_tokens)
   memory = model.apply({'params': params}, source_tokens, source_segment_ids, method='encode')
@@ -120,7 +123,8 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     num_sentences int32 arrays [src_len + extra_length] of token ids, PAD after EOS.
 
   Raises:
-    ValueError: if some sentence received no output (a batching bug, never silently tolerated).
+    ValueError: if some sentence received no output (a batching bug, never silently tolerated); as
+      `decode_batch` for a bad argument.
   """
   outputs: list[np.ndarray | None] = [None] * num_sentences
   start = last_log = time.perf_counter()
@@ -155,6 +159,6 @@ def translate(params: Any, batches: Iterable[dict[str, np.ndarray]], tokenizer: 
   blank input lines to blank output lines.
 
   Raises:
-    ValueError: if some line received no translation.
+    ValueError: if some line received no translation; as `decode_batch` for a bad argument.
   """
   return tokenizer.decode(decode_all(params, batches, num_sentences, **kwargs))
