@@ -111,8 +111,9 @@ def get_config() -> ml_collections.ConfigDict:
       # length penalty: what an unbounded search returns; tensor2tensor) or 'finished' (beam_size hypotheses
       # have ended: fairseq, CTranslate2; faster, may give up a longer hypothesis the penalty would prefer).
       early_stopping='bound',
-      # Source tokens per decoding batch (each sentence is beam_size rows); 0: data.tokens_per_batch. A sentence
-      # that has finished still costs its rows until the batch's last one finishes: on CPUs smaller is faster.
+      # Source tokens per decoding batch (each sentence is beam_size rows; raised to data.max_length x data
+      # shards where smaller); 0: data.tokens_per_batch. A finished sentence costs its rows until the batch's
+      # last one finishes: on CPUs smaller is faster.
       tokens_per_batch=0,
   ))
 

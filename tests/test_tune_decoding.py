@@ -61,7 +61,7 @@ def test_rows_equal_the_evaluation_of_the_same_decoding(tmp_path, corpus, refere
     larger = evaluate.translate_ids(config, setup, params, split.source_ids, beam_size=2, alpha=0.6)
     assert set(calls) == {(16, 32, 'bound')}
     calls.clear()
-    config.decode.tokens_per_batch = 256
+    config.decode.tokens_per_batch = 100  # Raised to one [1, 32] row per data shard: [8, 32] on 8 devices.
     smaller = evaluate.translate_ids(config, setup, params, split.source_ids, beam_size=2, alpha=0.6)
     assert set(calls) == {(8, 32, 'bound')}
     calls.clear()

@@ -54,6 +54,8 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
            'a finite number >= 0')
   _require(_is_positive_int(decode_cfg.extra_length), 'decode.extra_length', decode_cfg.extra_length,
            'an integer >= 1')
+  _require(decode_cfg.tokens_per_batch == 0 or _is_positive_int(decode_cfg.tokens_per_batch),
+           'decode.tokens_per_batch', decode_cfg.tokens_per_batch, 'an integer >= 0 (0: data.tokens_per_batch)')
   _require(decode_cfg.early_stopping in decoding.EARLY_STOPPING, 'decode.early_stopping', decode_cfg.early_stopping,
            f'one of {decoding.EARLY_STOPPING}')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
@@ -63,14 +65,8 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
   _require(model_cfg.max_length >= data_cfg.max_length + decode_cfg.extra_length or model_cfg.position_embedding
            != 'learned', 'data.max_length + decode.extra_length', data_cfg.max_length + decode_cfg.extra_length,
            f'<= model.max_length={model_cfg.max_length} with learned positions (the longest decode)')
-  mesh_shape = sharding.mesh_shape(config.mesh, num_devices or jax.device_count())
-  _check_mesh_divides_model(config, model_cfg, mesh_shape, sharding.logical_axis_rules(config.mesh))
-  data_shards = mesh_shape[0] * mesh_shape[1]
-  _require(decode_cfg.tokens_per_batch == 0 or (_is_positive_int(decode_cfg.tokens_per_batch) and
-                                                decode_cfg.tokens_per_batch >= data_cfg.max_length * data_shards),
-           'decode.tokens_per_batch', decode_cfg.tokens_per_batch,
-           f'0 (data.tokens_per_batch) or an integer >= data.max_length x data shards = {data_cfg.max_length} x '
-           f'{data_shards} (one row of the longest bucket per data shard)')
+  _check_mesh_divides_model(config, model_cfg, sharding.mesh_shape(config.mesh, num_devices or jax.device_count()),
+                            sharding.logical_axis_rules(config.mesh))
   optim.make_optimizer(optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale),
                        b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                        grad_clip_norm=train_cfg.grad_clip_norm)

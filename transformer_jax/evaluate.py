@@ -101,12 +101,15 @@ def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, bea
                   alpha: float | None = None) -> list[str]:
   """Beam search (config.decode; `beam_size` and `alpha` override decode.beam_size and decode.alpha) over
   tokenised sources, in order, in data's buckets of decode.tokens_per_batch source tokens (0:
-  data.tokens_per_batch)."""
+  data.tokens_per_batch; raised to data.max_length x data shards where smaller)."""
   if target_ids is None:
     target_ids = batching.Ragged.from_lists([[] for _ in range(len(source_ids))])
   decode_cfg = config.decode
+  # At least one row of the longest bucket per data shard, whatever the device count.
+  tokens_per_batch = decode_cfg.tokens_per_batch and max(decode_cfg.tokens_per_batch,
+                                                         config.data.max_length * setup.data_shards)
   batches = input_pipeline.split_eval_batches(config.data, source_ids, target_ids, setup.data_shards,
-                                              tokens_per_batch=decode_cfg.tokens_per_batch)
+                                              tokens_per_batch=tokens_per_batch)
   return translation.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
                                 beam_size=beam_size or decode_cfg.beam_size,
                                 alpha=decode_cfg.alpha if alpha is None else alpha,
