@@ -97,16 +97,35 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
   writer = tensorboardX.SummaryWriter(str(runs / 'base'))
   for step, perplexity in ((250, 60.0), (500, 20.0)):
     writer.add_scalar('eval/perplexity', perplexity, step)
+  for step in range(100, 800, 100):  # Seven progress lines: the report averages the last five.
+    writer.add_scalar('train/nll', step / 100, step)
   writer.close()
   (runs / 'base' / 'checkpoints' / '500').mkdir(parents=True)
   assert report.archive(runs, tmp_path / 'archive') == ['base']  # A1 could not resume without checkpoints.
   curves = json.loads((tmp_path / 'archive' / 'base' / 'curves.json').read_text())
-  assert curves == {'eval/perplexity': [[250, 60.0], [500, 20.0]]}
+  assert curves['eval/perplexity'] == [[250, 60.0], [500, 20.0]] and len(curves['train/nll']) == 7
   assert not (tmp_path / 'archive' / 'base' / 'checkpoints').exists()
   report.write_report(runs, ROWS_FILE)
   report.write_report(tmp_path / 'archive', ROWS_FILE)
   rows = lambda d: [r for r in json.loads((d / 'table3.json').read_text())['rows'] if r['status'] == 'finished']
   assert rows(runs) == rows(tmp_path / 'archive')  # The same lines from kilobytes.
+  # exp of the mean nll of the last five progress lines (3..7), from the events and from curves.json alike.
+  assert rows(runs)[0]['train_perplexity'] == pytest.approx(np.exp(5.0))
+
+
+def test_train_perplexity_averages_the_last_progress_lines_and_the_seeds(tmp_path):
+  for name, offset in (('base', 0.0), ('base.seed1', 0.2)):
+    fake_run(tmp_path / name, 'base', finished(9.0))
+    curve = [[step, 9.0 - step / 1000 + offset] for step in range(100, 2100, 100)]  # nll 8.9 .. 7.0 (+ offset).
+    (tmp_path / name / 'curves.json').write_text(json.dumps({'train/nll': curve}))
+  fake_run(tmp_path / 'A1', 'A1', finished(9.5))  # No curve: no train perplexity, the rest of the line stands.
+  text = report.write_report(tmp_path, ROWS_FILE)
+  records = {r['row']: r for r in json.loads((tmp_path / 'table3.json').read_text())['rows']}
+  seeds = [np.exp(np.mean([9.0 - s / 1000 + offset for s in range(1600, 2100, 100)])) for offset in (0.0, 0.2)]
+  assert records['base']['train_perplexity'] == pytest.approx(np.mean(seeds))  # exp(7.2) and exp(7.4), averaged.
+  assert records['base']['train_perplexity_std'] == pytest.approx(np.std(seeds, ddof=1))
+  assert records['A1']['train_perplexity'] is None and records['A1']['dev_perplexity'] == 9.5
+  assert 'train PPL' in text.splitlines()[0]
 
 
 def test_findings_get_a_verdict_in_units_of_bases_noise(tmp_path):

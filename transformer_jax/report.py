@@ -7,7 +7,8 @@ line, in the file's order, whatever state its workdir `<DIR>/<row>` is in: `fini
 `final_metrics.json`, written by the final evaluation), `failed` (`launch/sweep_table3.sh` recorded a non-zero
 exit status in `sweep_status.json`), `unfinished` (it exists, but neither), or `not run`. Workdirs under DIR
 that name no row are listed after the rows. Numbers come only from what each run wrote (`config.json`,
-`final_metrics.json`); nothing is recomputed. Writes `table3.md`, `table3.csv`, `table3.json` and `table3.png`
+`final_metrics.json`, and the training curve: `curves.json` where `archive` wrote one, else the TensorBoard
+events); nothing is recomputed. Writes `table3.md`, `table3.csv`, `table3.json` and `table3.png`
 (dev perplexity and BLEU per row) into DIR (or --output_dir) and prints the Markdown.
 
 Seeds: `<DIR>/<row>.seed<k>` holds the same row trained with another seed (`launch/sweep_table3.sh --seeds`:
@@ -42,15 +43,20 @@ _DEFAULT_ROWS = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'table
 CONFIG_FILE = workdir_lib.CONFIG
 METRICS_FILE = workdir_lib.FINAL_METRICS
 SWEEP_STATUS_FILE = 'sweep_status.json'
+CURVES_FILE = 'curves.json'
 SEED_SUFFIX = '.seed'  # <row>.seed<k>: the row trained with seed k.
 # Figures averaged over a row's seeds; each also gets '<key>_std' (None for a single seed).
-SEED_METRICS = ('dev_perplexity', 'dev_bleu', 'test_bleu', 'train_minutes')
+SEED_METRICS = ('train_perplexity', 'dev_perplexity', 'dev_bleu', 'test_bleu', 'train_minutes')
+# Train perplexity: exp of the mean training nll per target token over the last this many progress lines (the
+# steps whose checkpoints are averaged, at the Multi30k table's 100-step logging), measured with dropout on.
+TRAIN_PERPLEXITY_POINTS = 5
 
 # (column header, key of a row record).
 COLUMNS = (
     ('row', 'row'), ('change', 'change'), ('status', 'status'), ('N', 'num_layers'), ('d_model', 'd_model'),
     ('d_ff', 'd_ff'), ('h', 'num_heads'), ('d_k', 'd_k'), ('d_v', 'd_v'), ('P_drop', 'dropout_rate'),
-    ('ε_ls', 'label_smoothing'), ('train steps', 'train_steps'), ('seeds', 'seeds'), ('dev PPL', 'dev_perplexity'),
+    ('ε_ls', 'label_smoothing'), ('train steps', 'train_steps'), ('seeds', 'seeds'),
+    ('train PPL', 'train_perplexity'), ('dev PPL', 'dev_perplexity'),
     ('dev BLEU', 'dev_bleu'), ('test BLEU', 'test_bleu'), ('Δ dev PPL / σ', 'dev_perplexity_delta_sigma'),
     ('Δ dev BLEU / σ', 'dev_bleu_delta_sigma'), ('params ×10⁶', 'params_millions'),
     ('train min', 'train_minutes'), ('paper PPL', 'paper_ppl_dev'), ('paper BLEU', 'paper_bleu_dev'),
@@ -89,6 +95,27 @@ def _read_json(path: pathlib.Path) -> dict | None:
     return None
 
 
+def train_perplexity(workdir: pathlib.Path) -> float | None:
+  """exp(mean 'train/nll') over the run's last TRAIN_PERPLEXITY_POINTS logged steps, or None without a curve.
+
+  Read from `curves.json` (an archived run) or else the run's TensorBoard events. It is measured on training
+  batches with dropout on, so it sits above what the same parameters score without dropout: compare it across
+  rows of one dropout rate, or its gap to dev perplexity, not its level with dev perplexity's (§5.4, over-fitting
+  shows as a train perplexity that falls while dev perplexity does not).
+  """
+  curves = _read_json(workdir / CURVES_FILE)
+  if curves is not None:
+    values = [value for _, value in curves.get('train/nll', [])]
+  elif any(p.name.startswith('events.out.tfevents.') for p in workdir.iterdir()):
+    from transformer_jax import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for live runs)
+    scalars = inspection.read_scalars(workdir)
+    values = list(scalars['train/nll'].values) if 'train/nll' in scalars else []
+  else:
+    values = []
+  tail = values[-TRAIN_PERPLEXITY_POINTS:]
+  return math.exp(statistics.fmean(tail)) if tail else None
+
+
 def run_record(row: str, workdir: pathlib.Path, note: str, paper: dict | None) -> dict[str, Any]:
   """One line of the table from what the run in `workdir` wrote (see the module docstring).
 
@@ -118,7 +145,7 @@ def run_record(row: str, workdir: pathlib.Path, note: str, paper: dict | None) -
   record |= {
       'status': 'finished', 'train_steps': metrics.get('train_steps', steps[-1]),
       'dev_perplexity': metrics.get('perplexity'), 'dev_bleu': metrics.get('validation_bleu'),
-      'test_bleu': metrics.get('bleu'),
+      'test_bleu': metrics.get('bleu'), 'train_perplexity': train_perplexity(workdir),
       'params_millions': None if metrics.get('num_params') is None else metrics['num_params'] / 1e6,
       'train_minutes': None if metrics.get('train_wall_seconds') is None else metrics['train_wall_seconds'] / 60}
   return record
@@ -348,8 +375,6 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   plot_rows(records, output / 'table3.png')
   return text
 
-
-CURVES_FILE = 'curves.json'
 # What `archive` keeps of a run: what the report reads, and the curves that show how it got there.
 ARCHIVED_FILES = (CONFIG_FILE, METRICS_FILE, SWEEP_STATUS_FILE)
 ARCHIVED_CURVES = ('eval/perplexity', 'eval/nll', 'eval/bleu', 'train/nll', 'train/loss')
