@@ -9,6 +9,10 @@ decode.beam_size, CTranslate2's default length penalty (1.0: log-probability / l
 source + decode.extra_length tokens, on each thread count.
 Prints one JSON line per row; run it alone on the machine.
 """
+from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+
+host_allocator.use_fast_allocator()  # Before JAX starts, as `python -m transformer_jax.main` does.
+
 import argparse
 import json
 import os
