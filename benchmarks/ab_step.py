@@ -26,9 +26,6 @@ import jax
 from ml_collections import config_flags
 
 from transformer_jax import benchmark
-from transformer_jax import experiment
-from transformer_jax import sharding
-from transformer_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file.', lock_config=False)
 _VARIANTS = flags.DEFINE_multi_string('variant', None, 'NAME:KEY=VALUE[,KEY=VALUE...]; two or more.')
@@ -53,17 +50,7 @@ def _compiled_step(config, overrides: dict[str, str]):
     for part in parents:
       node = node[part]
     node[leaf] = _convert(node[leaf], value)
-  setup = experiment.compute_setup(config)
-  bench = config.benchmark
-  batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
-  host_batch = benchmark.synthetic_batch(setup.model.cfg, batch_size, bench.source_length, bench.target_length)
-  batch = {k: jax.device_put(v, sharding.batch_sharding(setup.mesh)) for k, v in host_batch.items()}
-  step_fn = train.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing)
-  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-    state, _ = experiment.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
-                                              setup.rules)
-    compiled = step_fn.lower(state, batch).compile()
-  return compiled, state, batch, setup
+  return benchmark.compiled_synthetic_step(config)
 
 
 def _convert(old, value: str):

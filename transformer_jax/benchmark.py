@@ -51,6 +51,30 @@ def synthetic_batch(cfg: model_lib.ModelConfig, batch_size: int, source_length: 
   return {'source_tokens': tokens(source_length), 'decoder_input_tokens': decoder_input, 'target_tokens': target}
 
 
+def compiled_synthetic_step(config):
+  """The train step of `config` compiled for its synthetic benchmark batch, with a fresh state to run it on.
+
+  The batch is `synthetic_batch` at config.benchmark's sizes ([batch_size or tokens_per_batch // source_length,
+  source_length + target_length]), placed as training places batches. Used by the benchmark scripts
+  (benchmarks/ab_step.py, benchmarks/profile_step.py).
+
+  Returns:
+    (compiled step, state, batch, setup); call the step inside `jax.set_mesh(setup.mesh)` and
+    `nn.logical_axis_rules(setup.rules)`, as `run` does.
+  """
+  setup = experiment.compute_setup(config)
+  bench = config.benchmark
+  batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
+  host_batch = synthetic_batch(setup.model.cfg, batch_size, bench.source_length, bench.target_length)
+  batch = {k: jax.device_put(v, sharding.batch_sharding(setup.mesh)) for k, v in host_batch.items()}
+  step_fn = train.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing)
+  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    state, _ = experiment.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
+                                              setup.rules)
+    compiled = step_fn.lower(state, batch).compile()
+  return compiled, state, batch, setup
+
+
 def run(config) -> dict[str, float]:
   """Benchmarks the configured model; prints a report and returns (and prints last) the JSON figures."""
   # The model, optimiser (adam_*, grad_clip_norm, learning_rate_scale), mesh and jitted step of training.
