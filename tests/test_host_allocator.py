@@ -18,6 +18,7 @@ if len(sys.argv) > 3:
 starts = int(os.environ.get('PROBE_STARTS', '0')) + 1
 os.environ['PROBE_STARTS'] = str(starts)  # Inherited by a re-executed process.
 chosen = host_allocator.use_fast_allocator()
+assert host_allocator.chosen == chosen
 print(json.dumps({'chosen': chosen, 'tcmalloc': host_allocator.tcmalloc_loaded(), 'argv': sys.argv[1:3],
                   'starts': starts}))
 """
@@ -66,3 +67,12 @@ def test_bad_choice_and_missing_tcmalloc_are_refused_by_name(monkeypatch):
   with pytest.raises(FileNotFoundError, match=r'TRANSFORMER_JAX_ALLOCATOR=tcmalloc: no tcmalloc library at any of '
                                               r'/nonexistent/libtcmalloc\.so\.4'):
     host_allocator.use_fast_allocator('tcmalloc')
+
+
+def test_the_command_line_names_a_bad_choice_in_one_line():
+  env = dict(os.environ, TRANSFORMER_JAX_ALLOCATOR='fast')
+  result = subprocess.run([sys.executable, '-m', 'transformer_jax.main', '--mode=config'], env=env,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines() == [
+      "TRANSFORMER_JAX_ALLOCATOR='fast': expected one of auto, tcmalloc, glibc, system"]

@@ -40,6 +40,8 @@ TCMALLOC_PATHS = (
     str(pathlib.Path(sys.prefix) / 'lib' / 'libtcmalloc_minimal.so.4'),
     str(pathlib.Path(sys.prefix) / 'lib' / 'libtcmalloc.so.4'),
 )
+# What `use_fast_allocator` chose in this process ('tcmalloc', 'glibc (tuned)' or 'system'); None before it ran.
+chosen: str | None = None
 # mallopt parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 
@@ -83,19 +85,20 @@ def use_fast_allocator(choice: str | None = None) -> str:
     choice: one of CHOICES; None reads TRANSFORMER_JAX_ALLOCATOR ('auto' when unset).
 
   Returns:
-    What the process now uses: 'tcmalloc', 'glibc (tuned)' or 'system'.
+    What the process now uses: 'tcmalloc', 'glibc (tuned)' or 'system' (also kept in `chosen`, which
+    `experiment.log_backend` logs).
 
   Raises:
     ValueError: for a choice not in CHOICES, naming the environment variable.
     FileNotFoundError: for 'tcmalloc' when no tcmalloc library is installed (TCMALLOC_PATHS).
   """
+  global chosen
   choice = choice or os.environ.get(ALLOCATOR_ENV, 'auto')
   if choice not in CHOICES:
     raise ValueError(f'{ALLOCATOR_ENV}={choice!r}: expected one of {", ".join(CHOICES)}')
-  if choice == 'system':
-    return 'system'
-  if tcmalloc_loaded():
-    return 'tcmalloc'
+  if choice == 'system' or tcmalloc_loaded():
+    chosen = 'tcmalloc' if tcmalloc_loaded() else 'system'
+    return chosen
   library = find_tcmalloc() if choice in ('auto', 'tcmalloc') else None
   if choice == 'tcmalloc' and library is None:
     raise FileNotFoundError(f'{ALLOCATOR_ENV}=tcmalloc: no tcmalloc library at any of {", ".join(TCMALLOC_PATHS)} '
@@ -106,4 +109,5 @@ def use_fast_allocator(choice: str | None = None) -> str:
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
               os.environ | {'LD_PRELOAD': preload, _REEXECUTED_ENV: '1'})
-  return 'glibc (tuned)' if tune_glibc_malloc() else 'system'
+  chosen = 'glibc (tuned)' if tune_glibc_malloc() else 'system'
+  return chosen

@@ -25,11 +25,14 @@ from transformer_jax import host_allocator  # pylint: disable=g-import-not-at-to
 
 # Before JAX starts: runs the command under tcmalloc where it is installed (re-executing it), else tunes
 # glibc's malloc; a quarter of a CPU train step went to page faults without (host_allocator).
-HOST_ALLOCATOR = host_allocator.use_fast_allocator() if __name__ == '__main__' else None
+if __name__ == '__main__':
+  try:
+    host_allocator.use_fast_allocator()
+  except (ValueError, FileNotFoundError) as e:  # A bad TRANSFORMER_JAX_ALLOCATOR: one line, exit status 1.
+    sys.exit(str(e))
 
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 from ml_collections import config_flags
 
@@ -77,8 +80,6 @@ def main(argv):
   """
   logs.quiet_libraries()
   logs.quiet_libtpu()
-  logging.info('Host memory allocator: %s (%s; transformer_jax.host_allocator).', HOST_ALLOCATOR,
-               host_allocator.ALLOCATOR_ENV)
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, mode, workdir = flags.FLAGS.config, flags.FLAGS.mode, flags.FLAGS.workdir
