@@ -13,7 +13,8 @@ Run it with nothing else on the machine where possible; alternation protects the
 """
 from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
 
-host_allocator.use_fast_allocator()  # Before JAX starts, as `python -m transformer_jax.main` does.
+if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
+  host_allocator.use_fast_allocator()
 
 import json
 import statistics

@@ -14,7 +14,8 @@ Prints one JSON line per decoder (median and fastest sentences/s over the rounds
 """
 from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
 
-host_allocator.use_fast_allocator()  # Before JAX starts, as `python -m transformer_jax.main` does.
+if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
+  host_allocator.use_fast_allocator()
 
 import argparse
 import json

@@ -11,7 +11,8 @@ Prints one JSON line per row; run it alone on the machine.
 """
 from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
 
-host_allocator.use_fast_allocator()  # Before JAX starts, as `python -m transformer_jax.main` does.
+if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
+  host_allocator.use_fast_allocator()
 
 import argparse
 import json

@@ -19,13 +19,15 @@ starts = int(os.environ.get('PROBE_STARTS', '0')) + 1
 os.environ['PROBE_STARTS'] = str(starts)  # Inherited by a re-executed process.
 chosen = host_allocator.use_fast_allocator()
 assert host_allocator.chosen == chosen
+assert 'LD_PRELOAD' not in os.environ  # Put back as it was: the children of this process start without it.
 print(json.dumps({'chosen': chosen, 'tcmalloc': host_allocator.tcmalloc_loaded(), 'argv': sys.argv[1:3],
                   'starts': starts}))
 """
 
 
 def probe(choice: str, *extra: str) -> dict:
-  env = {k: v for k, v in os.environ.items() if k not in ('LD_PRELOAD', 'PROBE_STARTS')}
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('LD_PRELOAD', 'PROBE_STARTS', host_allocator._REEXECUTED_ENV)}  # pylint: disable=protected-access
   env[host_allocator.ALLOCATOR_ENV] = choice
   result = subprocess.run([sys.executable, '-c', _PROBE, 'first', 'second', *extra], env=env, capture_output=True,
                           text=True, timeout=120, check=True)
@@ -47,7 +49,6 @@ def test_auto_uses_tcmalloc_where_installed_and_keeps_the_arguments():
 def test_glibc_is_tuned_in_place_and_system_leaves_the_process_alone():
   assert probe('glibc') == {'chosen': 'glibc (tuned)', 'tcmalloc': False, 'argv': ['first', 'second'], 'starts': 1}
   assert probe('system') == {'chosen': 'system', 'tcmalloc': False, 'argv': ['first', 'second'], 'starts': 1}
-  assert host_allocator.tune_glibc_malloc()
 
 
 @pytest.mark.skipif(sys.platform != 'linux', reason='LD_PRELOAD is a Linux (ld.so) facility')
@@ -56,6 +57,9 @@ def test_a_library_that_does_not_load_is_tried_once(tmp_path):
   broken.write_bytes(b'not a shared library')  # ld.so ignores it (with a warning): tcmalloc never loads.
   result = probe('auto', str(broken))
   assert result == {'chosen': 'glibc (tuned)', 'tcmalloc': False, 'argv': ['first', 'second'], 'starts': 2}
+  with pytest.raises(subprocess.CalledProcessError) as error:  # Required, so a library that did not load is an error.
+    probe('tcmalloc', str(broken))
+  assert f'TRANSFORMER_JAX_ALLOCATOR=tcmalloc: {broken} did not load (LD_PRELOAD)' in error.value.stderr
 
 
 def test_bad_choice_and_missing_tcmalloc_are_refused_by_name(monkeypatch):

@@ -8,28 +8,29 @@ bf16 attention products, 10 steps each:
 
 | allocator | ms per step | minor page faults per step | system CPU time per step |
 |---|---|---|---|
-| glibc as it comes | 292-302 | 89,400 | 139-141 ms |
-| glibc tuned (`tune_glibc_malloc`: one arena, no mmap, no trimming) | 252 | 8,900 | 16 ms |
+| glibc as it comes | 292-310 | 89,400 | 139-144 ms |
+| glibc tuned (GLIBC_TUNABLES as `tune_glibc_malloc` sets them: one arena, no mmap, no trimming) | 252-258 | 8,900 | 16 ms |
 | tcmalloc (`LD_PRELOAD`, Debian's libtcmalloc-minimal4) | 226 | 0 | 7 ms |
 | jemalloc 5.3 as it comes (`LD_PRELOAD`) | 312 | 105,000 | 161 ms |
 
 `use_fast_allocator`, which `python -m transformer_jax.main` and the benchmark scripts call before JAX
 starts, therefore runs the command under tcmalloc where the library is installed (it re-executes the same
-command line with the library in LD_PRELOAD: an allocator cannot be swapped inside a running process), and
-otherwise tunes glibc's malloc in place. Both keep freed memory in the process: its resident size stays at
+command line with the library in LD_PRELOAD: an allocator cannot be swapped inside a running process; the
+re-executed process puts LD_PRELOAD back as it was, so that its own subprocesses start as they would have),
+and otherwise tunes glibc's malloc in place. Both keep freed memory in the process: its resident size stays at
 its high-water mark. The environment variable TRANSFORMER_JAX_ALLOCATOR chooses: 'auto' (the default, as
 above), 'tcmalloc' (required: an error without it), 'glibc' (tuned glibc) or 'system' (leave the process
 as it started).
 """
 import ctypes
-import ctypes.util
 import os
 import pathlib
 import sys
 
 ALLOCATOR_ENV = 'TRANSFORMER_JAX_ALLOCATOR'
 CHOICES = ('auto', 'tcmalloc', 'glibc', 'system')
-# Set in the re-executed process, so that a library that fails to load cannot cause a loop of re-executions.
+# Set for the re-executed process, so that a library that fails to load cannot cause a loop of re-executions;
+# it holds LD_PRELOAD as it was before, which the re-executed process restores.
 _REEXECUTED_ENV = 'TRANSFORMER_JAX_ALLOCATOR_REEXECUTED'
 # Where Debian/Ubuntu (libtcmalloc-minimal4, libgoogle-perftools4), Fedora/RHEL (gperftools-libs) and conda
 # install tcmalloc.
@@ -65,10 +66,9 @@ def tune_glibc_malloc() -> bool:
   Returns:
     True if glibc's mallopt accepted all three settings; False on another C library (nothing changes).
   """
-  libc_name = ctypes.util.find_library('c')
-  if sys.platform != 'linux' or not libc_name:
+  if sys.platform != 'linux':
     return False
-  libc = ctypes.CDLL(libc_name)
+  libc = ctypes.CDLL(None)  # The C library the process runs with.
   if not hasattr(libc, 'mallopt') or not hasattr(libc, 'gnu_get_libc_version'):  # musl has no mallopt effect.
     return False
   settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
@@ -90,24 +90,36 @@ def use_fast_allocator(choice: str | None = None) -> str:
 
   Raises:
     ValueError: for a choice not in CHOICES, naming the environment variable.
-    FileNotFoundError: for 'tcmalloc' when no tcmalloc library is installed (TCMALLOC_PATHS).
+    FileNotFoundError: for 'tcmalloc' when no tcmalloc library is installed (TCMALLOC_PATHS) or the one found
+      did not load.
   """
   global chosen
   choice = choice or os.environ.get(ALLOCATOR_ENV, 'auto')
   if choice not in CHOICES:
     raise ValueError(f'{ALLOCATOR_ENV}={choice!r}: expected one of {", ".join(CHOICES)}')
+  reexecuted = _REEXECUTED_ENV in os.environ
+  if reexecuted:  # This process was re-executed: LD_PRELOAD has done its work; children start as before.
+    previous = os.environ.pop(_REEXECUTED_ENV)
+    if previous:
+      os.environ['LD_PRELOAD'] = previous
+    else:
+      os.environ.pop('LD_PRELOAD', None)
   if choice == 'system' or tcmalloc_loaded():
     chosen = 'tcmalloc' if tcmalloc_loaded() else 'system'
     return chosen
   library = find_tcmalloc() if choice in ('auto', 'tcmalloc') else None
-  if choice == 'tcmalloc' and library is None:
-    raise FileNotFoundError(f'{ALLOCATOR_ENV}=tcmalloc: no tcmalloc library at any of {", ".join(TCMALLOC_PATHS)} '
-                            '(Debian/Ubuntu: apt install libtcmalloc-minimal4)')
-  if library is not None and not os.environ.get(_REEXECUTED_ENV) and getattr(sys, 'orig_argv', None):
+  if choice == 'tcmalloc' and (library is None or reexecuted):
+    where = (f'{library} did not load (LD_PRELOAD)' if library
+             else f'no tcmalloc library at any of {", ".join(TCMALLOC_PATHS)}')
+    raise FileNotFoundError(f'{ALLOCATOR_ENV}=tcmalloc: {where} (Debian/Ubuntu: apt install libtcmalloc-minimal4)')
+  if library is not None and not reexecuted:
     preload = ':'.join(filter(None, (library, os.environ.get('LD_PRELOAD'))))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
-              os.environ | {'LD_PRELOAD': preload, _REEXECUTED_ENV: '1'})
+    try:
+      os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+                os.environ | {'LD_PRELOAD': preload, _REEXECUTED_ENV: os.environ.get('LD_PRELOAD', '')})
+    except OSError:  # The interpreter cannot be started again: carry on without tcmalloc.
+      pass
   chosen = 'glibc (tuned)' if tune_glibc_malloc() else 'system'
   return chosen
