@@ -14,6 +14,12 @@ cd "$(dirname "$0")/.."
 rounds="${1:-1}"
 tools=../shared/tools
 torch_python="${TORCH_PYTHON:-python}"
+# Ours runs under tcmalloc where installed (transformer_jax/host_allocator.py); PyTorch gets a row with it too.
+tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+torch_tcmalloc() {  # name, torch_ref.py arguments...: only where the library is installed.
+  local name=$1; shift
+  if [[ -e "$tcmalloc" ]]; then LD_PRELOAD="$tcmalloc" run "$name" "$torch_python" "$tools/torch_ref.py" "$@"; fi
+}
 lscpu | grep -E 'Model name|^CPU\(s\)'
 cat /proc/loadavg
 run() {  # name, command...: the command's last line (its JSON), prefixed with the name.
@@ -37,9 +43,11 @@ for _ in $(seq "$rounds"); do
   run_ours ours_small configs/multi30k.py 64 32 32
   run torch_f32_small "$torch_python" "$tools/torch_ref.py" --shape small --steps 10
   run torch_bf16_small "$torch_python" "$tools/torch_ref.py" --shape small --steps 10 --bf16
+  torch_tcmalloc torch_bf16_small_tcmalloc --shape small --steps 10 --bf16
   run flax_bf16_small python "$tools/flaxwmt/flax_bench.py" --shape small --steps 10 --dtype bfloat16 --decode
   run_ours ours_main_job_shape configs/multi30k.py 32 64 64
   run_ours ours_base configs/base.py 32 64 64 --config.model.dtype=bfloat16 --config.benchmark.decode_sentences=1
   run torch_f32_base "$torch_python" "$tools/torch_ref.py" --shape base --steps 5 --warmup 1
   run torch_bf16_base "$torch_python" "$tools/torch_ref.py" --shape base --steps 5 --warmup 1 --bf16
+  torch_tcmalloc torch_bf16_base_tcmalloc --shape base --steps 5 --warmup 1 --bf16
 done
