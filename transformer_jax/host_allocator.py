@@ -13,6 +13,10 @@ bf16 attention products, 10 steps each:
 | tcmalloc (`LD_PRELOAD`, Debian's libtcmalloc-minimal4) | 226 | 0 | 7 ms |
 | jemalloc 5.3 as it comes (`LD_PRELOAD`) | 312 | 105,000 | 161 ms |
 
+With the settings applied in process by `tune_glibc_malloc` (TRANSFORMER_JAX_ALLOCATOR=glibc), SMALL trained
+at 17,440-17,642 tokens/s against 18,362-18,400 under tcmalloc and 14,263-14,675 as it comes (`--mode=benchmark`,
+two rounds, docs/performance.md's peer table).
+
 `use_fast_allocator`, which `python -m transformer_jax.main` and the benchmark scripts call before JAX
 starts, therefore runs the command under tcmalloc where the library is installed (it re-executes the same
 command line with the library in LD_PRELOAD: an allocator cannot be swapped inside a running process; the
