@@ -130,6 +130,45 @@ def test_shared_memory_rows_and_cache_stages_give_the_reference_search(beam_size
   assert len({len(strip(row)) for row in whole}) > 1  # Sentences end at different steps.
 
 
+@pytest.mark.parametrize('beam_size, with_scores', [(1, False), (3, True)])
+def test_compacted_decoding_drops_done_sentences_and_gives_decode_batch_output(beam_size, with_scores, monkeypatch):
+  model = make_model()
+  params = init_params(model, seed=5)
+  rng = np.random.default_rng(0)
+  lengths = [1, 7, 3, 5, 2, 6, 4, 7]
+  source = np.array([list(rng.integers(3, VOCAB, n - 1)) + [EOS] + [0] * (7 - n) for n in lengths], np.int32)
+  kwargs = dict(model=model, beam_size=beam_size, alpha=0.6, extra_length=6, cache_stages=(2, 4, 8),
+                with_scores=with_scores)
+  want = jax.tree.map(np.asarray, translation.decode_batch(params, jnp.asarray(source), **kwargs))
+  # Same tokens; scores to float32 rounding (a row's sums are computed in a smaller batch).
+  same = lambda x, y: (np.testing.assert_array_equal(x, y) if x.dtype == np.int32 else
+                       np.testing.assert_allclose(x, y, rtol=1e-6))
+  batches = []
+  take = translation._take_sentences
+  monkeypatch.setattr(translation, '_take_sentences',
+                      lambda state, context, index: (batches.append(len(index)), take(state, context, index))[1])
+  for compact_every in (1, 3):
+    batches.clear()
+    got = translation.decode_batch_compacted(params, source, compact_every=compact_every, min_size=1, **kwargs)
+    jax.tree.map(same, got, want)
+    assert batches and batches == sorted(batches, reverse=True) and batches[-1] < len(source), batches
+  # Rows to skip are dropped at the first look; the other rows' output is unchanged.
+  skip = np.array([False, True, False, True, False, True, False, True])
+  batches.clear()
+  got = translation.decode_batch_compacted(params, source, compact_every=1, skip_rows=skip, min_size=1, **kwargs)
+  jax.tree.map(lambda x, y: same(x[~skip], y[~skip]), got, want)
+  assert batches[0] == 4
+  with pytest.raises(ValueError, match='compact_every must be >= 1'):
+    translation.decode_batch_compacted(params, source, compact_every=0, **kwargs)
+
+
+def test_compacted_size_is_a_power_of_two_at_most_half_the_batch():
+  assert [translation.compacted_size(alive, 32, 1) for alive in (0, 1, 3, 8, 9, 16, 17, 32)] == [1, 1, 4, 8, 16, 16, 32, 32]
+  assert translation.compacted_size(5, 10, 1) == 10 and translation.compacted_size(4, 10, 1) == 4
+  assert [translation.compacted_size(alive, 32) for alive in (1, 3, 8, 9)] == [8, 8, 8, 16]  # min_size 8.
+  assert translation.compacted_size(3, 12) == 12  # 8 is more than half of 12.
+
+
 def test_translate_keeps_every_line_in_order_with_blank_lines(tmp_path):
   # The tests' synthetic corpus (tiny_runs.py) is enough: the vocabulary is not the point.
   lines = ['a man runs on the street', '', 'two dogs play in the snow', '', 'a child']

@@ -43,14 +43,17 @@ class BeamState(NamedTuple):
   finished_scores: jax.Array  # float32 [batch, beam]; log-prob / lp(|Y|), best-first, -inf if empty.
   done: jax.Array             # bool [batch]; the sentence's finished hypotheses are final (frozen).
   cache: Any                  # step_fn's pytree; leaves with ndim >= 1 have leading dim batch*beam.
+  max_lengths: jax.Array      # int32 [batch]; L_b.
 
 
-class _GreedyState(NamedTuple):
+class GreedyState(NamedTuple):
+  """The loop carry of `greedy_search`."""
   step: jax.Array         # int32 [].
   tokens: jax.Array       # int32 [batch, max_steps]; PAD after EOS or the length limit.
   last_tokens: jax.Array  # int32 [batch]; fed to step_fn next.
-  done: jax.Array         # bool [batch].
-  cache: Any
+  done: jax.Array         # bool [batch]; the sentence's tokens are final.
+  cache: Any              # step_fn's pytree; leaves with ndim >= 1 have leading dim batch.
+  max_lengths: jax.Array  # int32 [batch]; L_b.
 
 
 def expand_to_beams(x: Any, beam_size: int) -> Any:
@@ -140,21 +143,6 @@ def _top_k(x: jax.Array, k: int, block: int = 64) -> tuple[jax.Array, jax.Array]
   candidates = jnp.take_along_axis(blocks, chosen[..., None], axis=-2).reshape(*x.shape[:-1], k * block)
   values, index = top_k(candidates)
   return values, jnp.take_along_axis(chosen, index // block, axis=-1) * block + index % block
-
-
-def _init_beam_state(cache: Any, batch_size: int, beam_size: int, max_steps: int,
-                     pad_id: int) -> BeamState:
-  seqs = jnp.full((batch_size, beam_size, max_steps), pad_id, jnp.int32)
-  # Only beam 0 starts live, so that the beam_size copies of BOS do not yield duplicate hypotheses.
-  first = jnp.where(jnp.arange(beam_size) == 0, 0.0, -jnp.inf).astype(jnp.float32)
-  return BeamState(
-      step=jnp.zeros((), jnp.int32),
-      live_seqs=seqs,
-      live_log_probs=jnp.broadcast_to(first[None, :], (batch_size, beam_size)),
-      finished_seqs=seqs,
-      finished_scores=jnp.full((batch_size, beam_size), -jnp.inf, jnp.float32),
-      done=jnp.zeros((batch_size,), bool),
-      cache=cache)
 
 
 class _Candidates(NamedTuple):
@@ -247,10 +235,11 @@ def _no_live_can_win(live_log_probs: jax.Array, finished_scores: jax.Array, leng
   return live_log_probs[:, 0] / best_lp <= finished_scores[:, -1]
 
 
-def _beam_step(state: BeamState, step_fn: StepFn, max_lengths: jax.Array, alpha: float,
-               special_ids: tuple[int, int, int], early_stopping: str) -> BeamState:
+def _beam_step(state: BeamState, step_fn: StepFn, alpha: float, special_ids: tuple[int, int, int],
+               early_stopping: str) -> BeamState:
   """Extends every live hypothesis by one token and reselects the live and finished beams."""
   eos_id, bos_id, pad_id = special_ids
+  max_lengths = state.max_lengths
   beam_size = state.live_log_probs.shape[1]
   last = jnp.where(state.step > 0, state.live_seqs[:, :, jnp.maximum(state.step - 1, 0)], bos_id)
   logits, lse, cache = _logits(step_fn, last.reshape(-1), state.cache, bos_id, pad_id)
@@ -272,24 +261,118 @@ def _beam_step(state: BeamState, step_fn: StepFn, max_lengths: jax.Array, alpha:
   if early_stopping == 'finished':
     done = done | ~jnp.isneginf(finished_scores[:, -1])  # beam_size hypotheses have finished.
   return BeamState(length, _extend(state.live_seqs, chosen, state.step), live_log_probs, finished_seqs,
-                   finished_scores, done, _reorder_cache(cache, chosen.parent, beam_size))
+                   finished_scores, done, _reorder_cache(cache, chosen.parent, beam_size), max_lengths)
+
+
+def stage_ends(max_steps: int, cache_stages: Sequence[int]) -> list[int]:
+  """The step counts at which the stages of a search end: the sorted `cache_stages` in (0, max_steps), then
+  max_steps. Before the stage that ends at e, the cache is grown to hold e positions (`beam_search`)."""
+  return sorted({int(end) for end in cache_stages if 0 < end < max_steps} | {max_steps})
+
+
+def _run_until(state: Any, step: Callable[[Any], Any], until: int | jax.Array) -> Any:
+  return jax.lax.while_loop(lambda s: (s.step < until) & ~jnp.all(s.done), step, state)
 
 
 def _run_stages(state: Any, step: Callable[[Any], Any], max_steps: int, cache_stages: Sequence[int],
                 grow_cache: GrowFn | None) -> Any:
   """Runs `step` while state.step < max_steps and some sentence is not done, one while-loop per stage.
 
-  Stage i ends at step e_i, the sorted `cache_stages` below max_steps, then max_steps. Before stage i,
-  grow_cache(cache, e_i) makes the cache hold e_i positions (the steps that stage can reach).
+  Stage i ends at step e_i (`stage_ends`). Before stage i, grow_cache(cache, e_i) makes the cache hold e_i
+  positions (the steps that stage can reach).
   """
   if cache_stages and grow_cache is None:
     raise ValueError('cache_stages needs grow_cache')
-  ends = sorted({int(end) for end in cache_stages if 0 < end < max_steps} | {max_steps})
-  for end in ends:
+  for end in stage_ends(max_steps, cache_stages):
     if grow_cache is not None:
       state = state._replace(cache=grow_cache(state.cache, end))
-    state = jax.lax.while_loop(lambda s, end=end: (s.step < end) & ~jnp.all(s.done), step, state)
+    state = _run_until(state, step, end)
   return state
+
+
+def init_beam_search(cache: Any, *, batch_size: int, beam_size: int, max_decode_lengths: jax.Array,
+                     max_steps: int, eos_id: int, bos_id: int, pad_id: int = 0) -> BeamState:
+  """The state of `beam_search` before its first step (arguments as there).
+
+  `beam_search` is init_beam_search, then continue_beam_search once per stage (`stage_ends`, growing the
+  cache before each), then beam_search_output. A caller that drives those steps itself can stop the
+  search at any step, e.g. to drop the sentences that are done (`take_sentences`) and go on with fewer.
+
+  Raises:
+    ValueError: as `beam_search`.
+  """
+  if beam_size < 1:
+    raise ValueError(f'beam_size must be >= 1, got {beam_size}')
+  max_lengths = _check_args(cache, batch_size * beam_size, max_decode_lengths, batch_size, max_steps,
+                            (eos_id, bos_id, pad_id))
+  seqs = jnp.full((batch_size, beam_size, max_steps), pad_id, jnp.int32)
+  # Only beam 0 starts live, so that the beam_size copies of BOS do not yield duplicate hypotheses.
+  first = jnp.where(jnp.arange(beam_size) == 0, 0.0, -jnp.inf).astype(jnp.float32)
+  return BeamState(
+      step=jnp.zeros((), jnp.int32),
+      live_seqs=seqs,
+      live_log_probs=jnp.broadcast_to(first[None, :], (batch_size, beam_size)),
+      finished_seqs=seqs,
+      finished_scores=jnp.full((batch_size, beam_size), -jnp.inf, jnp.float32),
+      done=jnp.zeros((batch_size,), bool),
+      cache=cache,
+      max_lengths=max_lengths)
+
+
+def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.Array, alpha: float,
+                         eos_id: int, bos_id: int, pad_id: int = 0, early_stopping: str = 'bound') -> BeamState:
+  """Beam steps while state.step < until and some sentence is not done (one `jax.lax.while_loop`).
+
+  Args:
+    state: from `init_beam_search`, a previous call, or `take_sentences`; its cache must hold `until`
+      positions where step_fn's cache has a fixed size.
+    step_fn, alpha, eos_id, bos_id, pad_id, early_stopping: as in `beam_search`.
+    until: int32 [] step count to stop at (at most the max_steps of `init_beam_search`); it may be traced,
+      so that one compiled loop stops at any step.
+
+  Returns:
+    The state after the last step taken.
+
+  Raises:
+    ValueError: for an unknown early_stopping.
+  """
+  if early_stopping not in EARLY_STOPPING:
+    raise ValueError(f'early_stopping must be one of {EARLY_STOPPING}, got {early_stopping!r}')
+  return _run_until(state, lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping),
+                    until)
+
+
+def beam_search_output(state: BeamState, pad_id: int = 0) -> tuple[jax.Array, jax.Array]:
+  """`beam_search`'s (tokens, scores) from a state: the finished hypotheses, all PAD in empty slots. Final for
+  the sentences that are done."""
+  empty = jnp.isneginf(state.finished_scores)[:, :, None]  # [batch, beam, 1]
+  return jnp.where(empty, pad_id, state.finished_seqs), state.finished_scores
+
+
+def take_sentences(state: BeamState | GreedyState, index: jax.Array) -> BeamState | GreedyState:
+  """The state of the sentences `index` only, in that order: a smaller batch that goes on as they would have.
+
+  Args:
+    state: a `BeamState` or `GreedyState`.
+    index: int [n], indices of sentences in [0, batch) (repeats allowed, e.g. a done sentence as filler).
+
+  Returns:
+    The same type with batch n: every per-sentence leaf gathered along axis 0, cache rows (beam_size per
+    sentence in beam search) gathered with them, the step count unchanged.
+  """
+  index = jnp.asarray(index, jnp.int32)
+  batch_size = state.done.shape[0]
+
+  def take_rows(x):
+    if jnp.ndim(x) == 0:
+      return x
+    per_sentence = x.shape[0] // batch_size
+    rows = (index[:, None] * per_sentence + jnp.arange(per_sentence)[None, :]).reshape(-1)
+    return x[rows]
+
+  fields = {name: (value if name == 'step' else jax.tree.map(take_rows, value))
+            for name, value in state._asdict().items()}
+  return type(state)(**fields)
 
 
 def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int, alpha: float,
@@ -342,29 +425,47 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
     ValueError: on a bad size, a cache leaf without leading dim batch*beam_size, a
       max_decode_lengths of the wrong shape, eos_id equal to bos_id or pad_id, or an unknown early_stopping.
   """
-  if beam_size < 1:
-    raise ValueError(f'beam_size must be >= 1, got {beam_size}')
-  if early_stopping not in EARLY_STOPPING:
+  if early_stopping not in EARLY_STOPPING:  # Before any tracing.
     raise ValueError(f'early_stopping must be one of {EARLY_STOPPING}, got {early_stopping!r}')
-  special_ids = (eos_id, bos_id, pad_id)
-  max_lengths = _check_args(cache, batch_size * beam_size, max_decode_lengths, batch_size,
-                            max_steps, special_ids)
-  state = _init_beam_state(cache, batch_size, beam_size, max_steps, pad_id)
-  state = _run_stages(state, lambda s: _beam_step(s, step_fn, max_lengths, alpha, special_ids, early_stopping),
-                      max_steps, cache_stages, grow_cache)
-  empty = jnp.isneginf(state.finished_scores)[:, :, None]  # [batch, beam, 1]
-  return jnp.where(empty, pad_id, state.finished_seqs), state.finished_scores
+  special = dict(eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
+  state = init_beam_search(cache, batch_size=batch_size, beam_size=beam_size, max_decode_lengths=max_decode_lengths,
+                           max_steps=max_steps, **special)
+  step = lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping)
+  return beam_search_output(_run_stages(state, step, max_steps, cache_stages, grow_cache), pad_id)
 
 
-def _greedy_step(state: _GreedyState, step_fn: StepFn, max_lengths: jax.Array,
-                 special_ids: tuple[int, int, int]) -> _GreedyState:
+def _greedy_step(state: GreedyState, step_fn: StepFn, special_ids: tuple[int, int, int]) -> GreedyState:
   eos_id, bos_id, pad_id = special_ids
   logits, _, cache = _logits(step_fn, state.last_tokens, state.cache, bos_id, pad_id)
   token = jnp.where(state.done, pad_id, jnp.argmax(logits, axis=-1).astype(jnp.int32))
   tokens = state.tokens.at[:, state.step].set(token)
   length = state.step + 1
-  done = state.done | (token == eos_id) | (length >= max_lengths)
-  return _GreedyState(length, tokens, token, done, cache)
+  done = state.done | (token == eos_id) | (length >= state.max_lengths)
+  return GreedyState(length, tokens, token, done, cache, state.max_lengths)
+
+
+def init_greedy_search(cache: Any, *, batch_size: int, max_decode_lengths: jax.Array, max_steps: int,
+                       eos_id: int, bos_id: int, pad_id: int = 0) -> GreedyState:
+  """The state of `greedy_search` before its first step (arguments as there); go on with
+  `continue_greedy_search` (as `init_beam_search` for beam search). Its `tokens` are the output.
+
+  Raises:
+    ValueError: as `greedy_search`.
+  """
+  max_lengths = _check_args(cache, batch_size, max_decode_lengths, batch_size, max_steps, (eos_id, bos_id, pad_id))
+  return GreedyState(
+      step=jnp.zeros((), jnp.int32),
+      tokens=jnp.full((batch_size, max_steps), pad_id, jnp.int32),
+      last_tokens=jnp.full((batch_size,), bos_id, jnp.int32),
+      done=jnp.zeros((batch_size,), bool),
+      cache=cache,
+      max_lengths=max_lengths)
+
+
+def continue_greedy_search(state: GreedyState, step_fn: StepFn, *, until: int | jax.Array, eos_id: int,
+                           bos_id: int, pad_id: int = 0) -> GreedyState:
+  """Greedy steps while state.step < until and some sentence is not done (as `continue_beam_search`)."""
+  return _run_until(state, lambda s: _greedy_step(s, step_fn, (eos_id, bos_id, pad_id)), until)
 
 
 def greedy_search(step_fn: StepFn, cache: Any, *, batch_size: int, max_decode_lengths: jax.Array,
@@ -390,15 +491,7 @@ def greedy_search(step_fn: StepFn, cache: Any, *, batch_size: int, max_decode_le
   Raises:
     ValueError: as `beam_search`, with batch in place of batch*beam_size.
   """
-  special_ids = (eos_id, bos_id, pad_id)
-  max_lengths = _check_args(cache, batch_size, max_decode_lengths, batch_size, max_steps,
-                            special_ids)
-  state = _GreedyState(
-      step=jnp.zeros((), jnp.int32),
-      tokens=jnp.full((batch_size, max_steps), pad_id, jnp.int32),
-      last_tokens=jnp.full((batch_size,), bos_id, jnp.int32),
-      done=jnp.zeros((batch_size,), bool),
-      cache=cache)
-  state = _run_stages(state, lambda s: _greedy_step(s, step_fn, max_lengths, special_ids), max_steps,
-                      cache_stages, grow_cache)
-  return state.tokens
+  state = init_greedy_search(cache, batch_size=batch_size, max_decode_lengths=max_decode_lengths,
+                             max_steps=max_steps, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
+  step = lambda s: _greedy_step(s, step_fn, (eos_id, bos_id, pad_id))
+  return _run_stages(state, step, max_steps, cache_stages, grow_cache).tokens

@@ -26,12 +26,90 @@ Array = jax.Array
 CACHE_STAGES = (16, 32, 64, 128, 256)
 
 
+_SPECIAL_IDS = dict(eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID)
+
+
+def _check(model: model_lib.Transformer, source_length: int, extra_length: int, early_stopping: str) -> int:
+  """Validates decode_batch's arguments; returns max_steps, the output width."""
+  if early_stopping not in decoding.EARLY_STOPPING:  # Also where greedy search ignores it.
+    raise ValueError(f'early_stopping must be one of {decoding.EARLY_STOPPING}, got {early_stopping!r}')
+  max_steps = source_length + extra_length
+  if model.cfg.position_embedding == 'learned' and max_steps > model.cfg.max_length:  # Else silent NaN.
+    raise ValueError(f'decoding {source_length} source positions + decode.extra_length={extra_length} needs '
+                     f'{max_steps} rows of the learned position table; model.max_length={model.cfg.max_length}')
+  return max_steps
+
+
+def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int, extra_length: int,
+           max_steps: int, cache_length: int, greedy: bool,
+           context_length: int | None = None) -> tuple[Any, tuple[Array, Array, dict]]:
+  """The encoder, then the search's first state with a self-attention cache of cache_length positions.
+
+  context_length pads the memory (masked) to that many positions, so that the decoding loop of every source
+  length up to it is one compiled program (encoder-decoder attention over a few more masked keys costs
+  little next to the step's products). max_steps is the width of the output, >= src_len + extra_length.
+
+  Returns:
+    (state, context): a `decoding.BeamState` (or `GreedyState` when greedy) and the per-sentence arrays
+    the decoder reads at every step (memory [batch, context_length, d_model], source segment ids
+    [batch, context_length], the encoder-decoder attention K/V, each with leading dimension batch).
+  """
+  batch_size, source_length = source_tokens.shape
+  source_segment_ids = model_lib.segment_ids_from_tokens(source_tokens)
+  memory = model.apply({'params': params}, source_tokens, source_segment_ids, method='encode')
+  if context_length is not None and context_length > source_length:
+    pad = context_length - source_length
+    memory = jnp.pad(memory, ((0, 0), (0, pad), (0, 0)))
+    source_segment_ids = jnp.pad(source_segment_ids, ((0, 0), (0, pad)))
+  max_decode_lengths = jnp.sum(source_segment_ids, axis=-1) + extra_length  # [batch]
+  _, variables = model.apply({'params': params}, memory, source_segment_ids, cache_length, beam_size,
+                             method='init_cache', mutable=['cache'])
+  # The encoder-decoder attention K/V never change: keep them out of the search's cache, which beam
+  # search reorders (copies) at every step.
+  fixed, cache = _split_cache(variables['cache'])
+  common = dict(batch_size=batch_size, max_decode_lengths=max_decode_lengths, max_steps=max_steps, **_SPECIAL_IDS)
+  if greedy:
+    state = decoding.init_greedy_search(cache, **common)
+  else:
+    state = decoding.init_beam_search(cache, beam_size=beam_size, **common)
+  return state, (memory, source_segment_ids, fixed)
+
+
+def _continue(params: Any, state: Any, context: tuple[Array, Array, dict], until: int | Array, *,
+              model: model_lib.Transformer, alpha: float, early_stopping: str, cache_length: int) -> Any:
+  """The search's steps until `until` (or every sentence done), the cache grown to cache_length first."""
+  memory, source_segment_ids, fixed = context
+
+  def step_fn(last_tokens, cache):
+    logits, new_variables = model.apply(
+        {'params': params, 'cache': flax.traverse_util.unflatten_dict(fixed | _flat(cache))},
+        last_tokens[:, None], memory, source_segment_ids, use_cache=True, method='decode', mutable=['cache'])
+    return logits[:, 0, :], _split_cache(new_variables['cache'])[1]
+
+  state = state._replace(cache=model_lib.grow_decoding_cache(state.cache, cache_length))
+  if isinstance(state, decoding.GreedyState):
+    return decoding.continue_greedy_search(state, step_fn, until=until, **_SPECIAL_IDS)
+  return decoding.continue_beam_search(state, step_fn, until=until, alpha=alpha, early_stopping=early_stopping,
+                                       **_SPECIAL_IDS)
+
+
+def _output(state: Any, with_scores: bool) -> tuple[Array] | tuple[Array, Array]:
+  """(best tokens,) or, with_scores, (tokens of every hypothesis, scores): see `decode_batch`."""
+  if isinstance(state, decoding.GreedyState):
+    return (state.tokens,)
+  tokens, scores = decoding.beam_search_output(state, tokenizer_lib.PAD_ID)
+  return (tokens, scores) if with_scores else (tokens[:, 0, :],)
+
+
 @functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length', 'cache_stages',
                                              'with_scores', 'early_stopping'))
 def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int,
                  alpha: float, extra_length: int, cache_stages: tuple[int, ...] = CACHE_STAGES,
                  with_scores: bool = False, early_stopping: str = 'bound') -> Array | tuple[Array, Array]:
   """Translates one batch: encoder once, then cached beam search (or greedy when beam_size is 1).
+
+  One compiled program with no host syncs; `decode_batch_compacted` gives the same output and drops the
+  sentences that are done as it goes.
 
   The maximum output length is the source length (tokens, EOS included) + extra_length (§6.1: +50).
 
@@ -55,37 +133,116 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
     ValueError: with learned positions, if src_len + extra_length exceeds model.max_length; for an
       early_stopping not in `decoding.EARLY_STOPPING`.
   """
-  if early_stopping not in decoding.EARLY_STOPPING:  # Also where greedy search ignores it.
-    raise ValueError(f'early_stopping must be one of {decoding.EARLY_STOPPING}, got {early_stopping!r}')
+  max_steps = _check(model, source_tokens.shape[1], extra_length, early_stopping)
+  ends = decoding.stage_ends(max_steps, cache_stages)
+  state, context = _start(params, source_tokens, model=model, beam_size=beam_size, extra_length=extra_length,
+                          max_steps=max_steps, cache_length=ends[0], greedy=beam_size == 1 and not with_scores)
+  for end in ends:
+    state = _continue(params, state, context, end, model=model, alpha=alpha, early_stopping=early_stopping,
+                      cache_length=end)
+  return _output(state, with_scores) if with_scores else _output(state, with_scores)[0]
+
+
+_start_jit = jax.jit(_start, static_argnames=('model', 'beam_size', 'extra_length', 'max_steps', 'cache_length',
+                                             'greedy', 'context_length'))
+_continue_jit = jax.jit(_continue, static_argnames=('model', 'alpha', 'early_stopping', 'cache_length'))
+_output_jit = jax.jit(_output, static_argnames=('with_scores',))
+
+
+@jax.jit
+def _take_sentences(state: Any, context: Any, index: Array) -> tuple[Any, Any]:
+  return decoding.take_sentences(state, index), jax.tree.map(lambda x: x[index], context)
+
+
+def compacted_size(alive: int, rows: int, min_size: int = 8) -> int:
+  """The batch a search of `rows` sentences, `alive` of them not done, goes on with: the smallest power of two
+  >= alive and >= min_size where that is at most half of rows, else rows. Powers of two and a floor keep the
+  distinct shapes, and so the compilations, few: below a few sentences a step costs about the same."""
+  size = max(1 << max(alive - 1, 0).bit_length(), min_size)
+  return size if 2 * size <= rows else rows
+
+
+def context_length_for(source_length: int) -> int:
+  """The source positions `decode_batch_compacted` decodes src_len ones as: a power of two, at least 64, so
+  that one compiled loop serves every source bucket up to 64 positions (each distinct shape is compiled)."""
+  return max(64, 1 << (source_length - 1).bit_length())
+
+
+def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, model: model_lib.Transformer,
+                           beam_size: int, alpha: float, extra_length: int,
+                           cache_stages: tuple[int, ...] = CACHE_STAGES, with_scores: bool = False,
+                           early_stopping: str = 'bound', compact_every: int = 8,
+                           skip_rows: np.ndarray | None = None, context_length: int | None = None,
+                           min_size: int = 8) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+  """`decode_batch`, stopping every compact_every steps to drop the sentences that are done.
+
+  A sentence's search ends at its own step, but a batch runs until its slowest sentence ends, and the rows
+  of the others are computed all along. Here the host reads which sentences are done every compact_every
+  steps and, once at most half of the batch is left, goes on with those only (`compacted_size`: a power of
+  two, padded with done sentences, which are frozen). Done sentences' output is final, so the
+  result equals `decode_batch`'s (the batch a row is computed in changes, so with bfloat16 products a
+  near-tie can rarely resolve differently). Costs: a host sync every compact_every steps and one more
+  compilation of the loop for each smaller batch size (JAX's persistent compilation cache keeps them).
+  Greedy and beam search alike. Single device: the gathers do not keep a sharding over several devices.
+
+  Args:
+    params, source_tokens, model, beam_size, alpha, extra_length, cache_stages, with_scores,
+      early_stopping: as in `decode_batch`.
+    compact_every: steps between the host's looks at which sentences are done (>= 1).
+    skip_rows: bool [batch], rows that need no output (e.g. padding rows of a split's last batch): they are
+      dropped at the first look; their output is unspecified.
+    context_length: decode as if the sources were padded to this many positions (where longer than src_len):
+      the loop is then compiled once for all the source lengths up to it rather than once per length (the
+      encoder still runs at src_len). The output is as without it (to float32 rounding in the masked sums).
+      None: `context_length_for(src_len)`.
+    min_size: the smallest batch the search is compacted to (`compacted_size`).
+
+  Returns:
+    As `decode_batch`, as numpy arrays.
+
+  Raises:
+    ValueError: as `decode_batch`; if compact_every < 1.
+  """
+  if compact_every < 1:
+    raise ValueError(f'compact_every must be >= 1, got {compact_every}')
   batch_size, source_length = source_tokens.shape
-  source_segment_ids = model_lib.segment_ids_from_tokens(source_tokens)
-  memory = model.apply({'params': params}, source_tokens, source_segment_ids, method='encode')
-  max_steps = source_length + extra_length
-  if model.cfg.position_embedding == 'learned' and max_steps > model.cfg.max_length:  # Else silent NaN.
-    raise ValueError(f'decoding {source_length} source positions + decode.extra_length={extra_length} needs '
-                     f'{max_steps} rows of the learned position table; model.max_length={model.cfg.max_length}')
-  max_decode_lengths = jnp.sum(source_segment_ids, axis=-1) + extra_length  # [batch]
-  cache_stages = tuple(n for n in cache_stages if n < max_steps)
-  _, variables = model.apply({'params': params}, memory, source_segment_ids, min(cache_stages or (max_steps,)),
-                             beam_size, method='init_cache', mutable=['cache'])
-  # The encoder-decoder attention K/V never change: keep them out of the search's cache, which beam
-  # search reorders (copies) at every step.
-  fixed, cache = _split_cache(variables['cache'])
-
-  def step_fn(last_tokens, cache):
-    logits, new_variables = model.apply(
-        {'params': params, 'cache': flax.traverse_util.unflatten_dict(fixed | _flat(cache))},
-        last_tokens[:, None], memory, source_segment_ids, use_cache=True, method='decode', mutable=['cache'])
-    return logits[:, 0, :], _split_cache(new_variables['cache'])[1]
-
-  common = dict(batch_size=batch_size, max_decode_lengths=max_decode_lengths, max_steps=max_steps,
-                eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID,
-                cache_stages=cache_stages, grow_cache=model_lib.grow_decoding_cache)
-  if beam_size == 1 and not with_scores:
-    return decoding.greedy_search(step_fn, cache, **common)
-  tokens, scores = decoding.beam_search(step_fn, cache, beam_size=beam_size, alpha=alpha,
-                                        early_stopping=early_stopping, **common)
-  return (tokens, scores) if with_scores else tokens[:, 0, :]
+  width = _check(model, source_length, extra_length, early_stopping)  # The output's, as decode_batch's.
+  if context_length is None:
+    context_length = context_length_for(source_length)
+  max_steps = max(width, context_length + extra_length)
+  if model.cfg.position_embedding == 'learned':  # Steps past L_b <= width are never taken.
+    max_steps = max(width, min(max_steps, model.cfg.max_length))
+  ends = decoding.stage_ends(max_steps, cache_stages)
+  state, context = _start_jit(params, jnp.asarray(source_tokens), model=model, beam_size=beam_size,
+                              extra_length=extra_length, max_steps=max_steps, cache_length=ends[0],
+                              greedy=beam_size == 1 and not with_scores, context_length=context_length)
+  if skip_rows is not None:
+    state = state._replace(done=state.done | jnp.asarray(skip_rows, bool))
+  rows = np.arange(batch_size)  # The input row of each row of the state.
+  pieces = []  # (input rows, their outputs) of the sentences dropped along the way.
+  stops = [until for start, end in zip([0] + ends, ends) for until in range(start + compact_every, end, compact_every)]
+  for until in sorted(set(stops) | set(ends)):
+    cache_length = next(end for end in ends if end >= until)
+    state = _continue_jit(params, state, context, until, model=model, alpha=alpha, early_stopping=early_stopping,
+                          cache_length=cache_length)
+    done = np.asarray(state.done)
+    alive = int(np.sum(~done))
+    if alive == 0:
+      break
+    size = compacted_size(alive, len(done), min_size)
+    if size < len(done):
+      finished = np.flatnonzero(done)
+      pieces.append((rows[finished], [np.asarray(x)[finished] for x in _output_jit(state, with_scores)]))
+      keep = np.concatenate([np.flatnonzero(~done), finished[:size - alive]])
+      state, context = _take_sentences(state, context, jnp.asarray(keep, jnp.int32))
+      rows = rows[keep]
+  pieces.append((rows, [np.asarray(x) for x in _output_jit(state, with_scores)]))
+  outputs = [np.zeros((batch_size, *x.shape[1:]), x.dtype) for x in pieces[-1][1]]
+  for index, values in pieces:
+    for output, value in zip(outputs, values):
+      output[index] = value
+  outputs[0] = outputs[0][..., :width]  # PAD from L_b <= width on.
+  return tuple(outputs) if with_scores else outputs[0]
 
 
 def _flat(tree) -> dict:
@@ -103,13 +260,13 @@ def _split_cache(cache) -> tuple[dict, Any]:
 def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_sentences: int, *,
                model: model_lib.Transformer, beam_size: int, alpha: float, extra_length: int,
                batch_sharding: jax.sharding.Sharding | None = None, early_stopping: str = 'bound',
-               log_every_seconds: float = 20.0) -> list[np.ndarray]:
+               compact_every: int = 0, log_every_seconds: float = 20.0) -> list[np.ndarray]:
   """The best hypothesis of every sentence of `batches`, in the original order.
 
-  With `batch_sharding`, each batch holds this process's rows of a global batch (`batching.eval_batches`
-  with process_index/process_count): the rows become one global array split over the devices of every
-  process, the search runs on all of them together, and every process receives every row back. Without it,
-  the batch is decoded on the default device (one process).
+  With `batch_sharding` over several devices, each batch holds this process's rows of a global batch
+  (`batching.eval_batches` with process_index/process_count): the rows become one global array split over the
+  devices of every process, the search runs on all of them together, and every process receives every row
+  back. Otherwise the batch is decoded on one device, with `decode_batch_compacted` when compact_every > 0.
 
   Args:
     params: model parameters (e.g. an average of checkpoints), placed or sharded as for training.
@@ -117,6 +274,8 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     num_sentences: number of sentences; every one must receive an output.
     model, beam_size, alpha, extra_length, early_stopping: see `decode_batch`.
     batch_sharding: the sharding of a global batch over the data axes (`sharding.batch_sharding`), or None.
+    compact_every: on one device, drop the sentences that are done every this many steps
+      (`decode_batch_compacted`, same output); 0: one compiled search per batch (`decode_batch`).
     log_every_seconds: how often a progress line (sentences done, rate, time left) is logged.
 
   Returns:
@@ -126,18 +285,25 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     ValueError: if some sentence received no output (a batching bug, never silently tolerated); as
       `decode_batch` for a bad argument.
   """
+  one_device = batch_sharding is None or len(batch_sharding.device_set) == 1
+  kwargs = dict(model=model, beam_size=beam_size, alpha=alpha, extra_length=extra_length,
+                early_stopping=early_stopping)
   outputs: list[np.ndarray | None] = [None] * num_sentences
   start = last_log = time.perf_counter()
   for batch in batches:
-    if batch_sharding is None:
-      source, index = jnp.asarray(batch['source_tokens']), batch['example_index']
+    if one_device and compact_every:
+      index = batch['example_index']
+      tokens = decode_batch_compacted(params, batch['source_tokens'], compact_every=compact_every,
+                                      skip_rows=index < 0, **kwargs)
     else:
-      source, index = (jax.make_array_from_process_local_data(batch_sharding, batch[key])
-                       for key in ('source_tokens', 'example_index'))
-    tokens = decode_batch(params, source, model=model, beam_size=beam_size, alpha=alpha,
-                          extra_length=extra_length, early_stopping=early_stopping)
-    # Every row, on every process, in the same global order for the tokens and their sentence indices.
-    tokens, index = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
+      if one_device:
+        source, index = jnp.asarray(batch['source_tokens']), batch['example_index']
+      else:
+        source, index = (jax.make_array_from_process_local_data(batch_sharding, batch[key])
+                         for key in ('source_tokens', 'example_index'))
+      tokens = decode_batch(params, source, **kwargs)
+      # Every row, on every process, in the same global order for the tokens and their sentence indices.
+      tokens, index = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
     for row in np.flatnonzero(index >= 0):
       outputs[int(index[row])] = tokens[row]
     if jax.process_index() == 0 and time.perf_counter() - last_log > log_every_seconds:
