@@ -1,6 +1,7 @@
 """Translation with the decoding cache (§6.1): the encoder once, then cached beam search, detokenised.
 
-`decode_batch` is one jitted search over a batch; `decode_all` runs it over a split's batches (multi-host:
+`decode_batch` is one jitted search over a batch; `decode_batch_compacted` the same search driven from the host,
+which drops the sentences that are done as it goes; `decode_all` runs either over a split's batches (multi-host:
 every process gets every row back); `translate` detokenises. Which checkpoints to decode and what to do with
 the output is `evaluate.py`'s.
 """
