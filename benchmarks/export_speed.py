@@ -45,16 +45,16 @@ def main() -> None:
   parser.add_argument('--early_stopping', default=None, help="ours' decode.early_stopping; default: the run's")
   parser.add_argument('--tokens_per_batch', type=int, default=None,
                       help="ours' decode.tokens_per_batch; default: the run's")
-  parser.add_argument('--compact_every', type=int, default=None,
-                      help="ours' decode.compact_every (0: no compaction); default: the run's")
+  parser.add_argument('--compact_every_steps', type=int, default=None,
+                      help="ours' decode.compact_every_steps (0: no compaction); default: the run's")
   args = parser.parse_args()
   config = workdir_lib.get_config(args.workdir)
   if args.early_stopping is not None:
     config.decode.early_stopping = args.early_stopping
   if args.tokens_per_batch is not None:
     config.decode.tokens_per_batch = args.tokens_per_batch
-  if args.compact_every is not None:
-    config.decode.compact_every = args.compact_every
+  if args.compact_every_steps is not None:
+    config.decode.compact_every_steps = args.compact_every_steps
   if args.beam_size is not None:
     config.decode.beam_size = args.beam_size
   if args.alpha is not None:
@@ -67,7 +67,7 @@ def main() -> None:
     split_name = config.data.test_split if args.split == 'test' else config.data.eval_split
     split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
     stop = (f'{config.decode.early_stopping}, decode.tokens_per_batch={config.decode.tokens_per_batch}, '
-            f'decode.compact_every={config.decode.compact_every}')
+            f'decode.compact_every_steps={config.decode.compact_every_steps}')
     for label in (f'ours, early_stopping={stop} (compilation included)', f'ours, early_stopping={stop}'):
       hypotheses, scores, seconds = evaluate.translate_split(config, setup, params, split, alpha=alpha)
       report(label, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha, steps)

@@ -115,12 +115,12 @@ def get_config() -> ml_collections.ConfigDict:
       # shards where smaller); 0: data.tokens_per_batch. A finished sentence costs its rows until the batch's
       # last one finishes: on CPUs smaller is faster.
       tokens_per_batch=0,
-      # On one device, look every this many steps which sentences are done and go on without them once at
-      # most half the batch is left (translation.decode_batch_compacted: same output, fewer rows computed,
-      # more programs to compile); 0: one compiled search per batch, run until its last sentence ends. On a
-      # 2-vCPU Xeon, test_2016_flickr: 1.06-1.25x the sentences/s once compiled, but ~8 s more compilation:
-      # worth it for long decodes (break-even near 20k sentences with 'finished', 3k with 'bound').
-      compact_every=0,
+      # On one device, look every this many steps which sentences are done and go on with the others in a
+      # smaller batch (translation.decode_batch_compacted: same output, fewer rows computed, more programs
+      # to compile); 0: one compiled search per batch, run until its last sentence ends. On a 2-vCPU Xeon,
+      # test_2016_flickr: 1.06-1.25x the sentences/s once compiled, but ~8 s more compilation: worth it for
+      # long decodes (break-even near 20k sentences with 'finished', 3k with 'bound'). Ignored over devices.
+      compact_every_steps=0,
   ))
 
   config.eval = ml_collections.ConfigDict(dict(

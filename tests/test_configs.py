@@ -193,10 +193,10 @@ def test_validation_names_a_bad_decoding_batch():
       config_checks.validate_config(config, num_devices=1)
   config.decode.tokens_per_batch = 1  # Raised to one row of the longest bucket per data shard when decoding.
   config_checks.validate_config(config, num_devices=8)
-  for value in (True, -1):
+  for value in (True, False, -1):
     config = load_config_module(CONFIG_DIR / 'base.py').get_config()
-    config.decode.compact_every = value
-    with pytest.raises(ValueError, match=r'decode\.compact_every must be an integer >= 0'):
+    config.decode.compact_every_steps = value
+    with pytest.raises(ValueError, match=r'decode\.compact_every_steps must be an integer >= 0'):
       config_checks.validate_config(config, num_devices=1)
-  config.decode.compact_every = 0
+  config.decode.compact_every_steps = 0
   config_checks.validate_config(config, num_devices=1)

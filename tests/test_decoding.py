@@ -289,6 +289,42 @@ def test_staged_cache_gives_the_same_search(cache_stages):
                                 run_greedy(model, lengths, max_steps=5))
 
 
+
+@pytest.mark.parametrize('early_stopping', decoding.EARLY_STOPPING)
+def test_search_in_pieces_with_sentences_taken_out_equals_the_whole_search(early_stopping):
+  batch, beam, max_steps = 5, 3, 6
+  t1, t2, bias = make_model(3, batch, eos_logit=1.0)
+  step_fn = make_step_fn(t1, t2)
+  lengths = jnp.array([2, 6, 4, 6, 3])
+  special = dict(eos_id=EOS, bos_id=BOS, pad_id=PAD)
+  sizes = dict(batch_size=batch, max_decode_lengths=lengths, max_steps=max_steps)
+  want_tokens, want_scores = decoding.beam_search(step_fn, make_cache(bias, beam, max_steps), beam_size=beam,
+                                                  alpha=0.6, early_stopping=early_stopping, **sizes, **special)
+  state = decoding.init_beam_search(make_cache(bias, beam, max_steps), beam_size=beam, **sizes, **special)
+  state = decoding.continue_beam_search(state, step_fn, until=2, alpha=0.6, early_stopping=early_stopping,
+                                        **special)
+  assert int(state.step) == 2 and bool(state.done[0])  # Sentence 0 (L_b = 2) is done; its output is final.
+  np.testing.assert_array_equal(decoding.beam_search_output(state, PAD)[0][0], want_tokens[0])
+  keep = jnp.array([4, 1, 3])  # Reordered; 0 and 2 leave.
+  state = decoding.take_sentences(state, keep)
+  state = decoding.continue_beam_search(state, step_fn, until=max_steps, alpha=0.6, early_stopping=early_stopping,
+                                        **special)
+  tokens, scores = decoding.beam_search_output(state, PAD)
+  np.testing.assert_array_equal(tokens, want_tokens[keep])
+  np.testing.assert_allclose(scores, want_scores[keep], rtol=1e-6)
+  # Greedy alike.
+  greedy_cache = make_cache(bias, 1, max_steps)
+  want = decoding.greedy_search(step_fn, greedy_cache, **sizes, **special)
+  state = decoding.init_greedy_search(greedy_cache, **sizes, **special)
+  state = decoding.take_sentences(decoding.continue_greedy_search(state, step_fn, until=3, **special), keep)
+  state = decoding.continue_greedy_search(state, step_fn, until=max_steps, **special)
+  np.testing.assert_array_equal(state.tokens, want[keep])
+
+
+def test_stage_ends_sorted_below_max_steps_then_max_steps():
+  assert decoding.stage_ends(70, (64, 16, 32, 128, 0)) == [16, 32, 64, 70]
+  assert decoding.stage_ends(16, (16, 32)) == [16] and decoding.stage_ends(5, ()) == [5]
+
 @pytest.mark.parametrize('shape, k', [((3, 1000), 4), ((2, 5, 777), 1), ((4, 4000), 16), ((2, 100), 3)])
 def test_top_k_matches_lax_top_k_with_ties_and_infinities(shape, k):
   rng = np.random.default_rng(k)

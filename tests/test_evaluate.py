@@ -130,6 +130,7 @@ def test_shared_memory_rows_and_cache_stages_give_the_reference_search(beam_size
   assert len({len(strip(row)) for row in whole}) > 1  # Sentences end at different steps.
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize('beam_size, with_scores', [(1, False), (3, True)])
 def test_compacted_decoding_drops_done_sentences_and_gives_decode_batch_output(beam_size, with_scores, monkeypatch):
   model = make_model()
@@ -147,19 +148,19 @@ def test_compacted_decoding_drops_done_sentences_and_gives_decode_batch_output(b
   take = translation._take_sentences
   monkeypatch.setattr(translation, '_take_sentences',
                       lambda state, context, index: (batches.append(len(index)), take(state, context, index))[1])
-  for compact_every in (1, 3):
+  for compact_every_steps in (1, 3):
     batches.clear()
-    got = translation.decode_batch_compacted(params, source, compact_every=compact_every, min_size=1, **kwargs)
+    got = translation.decode_batch_compacted(params, source, compact_every_steps=compact_every_steps, min_size=1, **kwargs)
     jax.tree.map(same, got, want)
     assert batches and batches == sorted(batches, reverse=True) and batches[-1] < len(source), batches
   # Rows to skip are dropped at the first look; the other rows' output is unchanged.
   skip = np.array([False, True, False, True, False, True, False, True])
   batches.clear()
-  got = translation.decode_batch_compacted(params, source, compact_every=1, skip_rows=skip, min_size=1, **kwargs)
+  got = translation.decode_batch_compacted(params, source, compact_every_steps=1, skip_rows=skip, min_size=1, **kwargs)
   jax.tree.map(lambda x, y: same(x[~skip], y[~skip]), got, want)
   assert batches[0] == 4
-  with pytest.raises(ValueError, match='compact_every must be >= 1'):
-    translation.decode_batch_compacted(params, source, compact_every=0, **kwargs)
+  with pytest.raises(ValueError, match='compact_every_steps must be >= 1'):
+    translation.decode_batch_compacted(params, source, compact_every_steps=0, **kwargs)
 
 
 def test_compacted_size_is_a_power_of_two_at_most_half_the_batch():
@@ -184,6 +185,9 @@ def test_translate_keeps_every_line_in_order_with_blank_lines(tmp_path):
   outputs = translation.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
                                   extra_length=3)
   assert len(outputs) == len(lines) and all(isinstance(o, str) for o in outputs)
+  # Dropping done sentences every step (the padding rows of the last batch from the start) changes nothing.
+  assert translation.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
+                               extra_length=3, compact_every_steps=1) == outputs
   # Each line's output is its own: decoding a line alone gives the same text as in the batch.
   alone = batching.eval_batches(input_pipeline.encode(tokenizer, [lines[2]]),
                                       batching.Ragged.from_lists([[]]), tokens_per_batch=32,

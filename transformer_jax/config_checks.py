@@ -31,6 +31,10 @@ def _is_positive_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _is_zero(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value == 0
+
+
 def validate_config(config, num_devices: int | None = None) -> model_lib.ModelConfig:
   """Checks every configuration value at start-up, in one place, before anything is read or written.
 
@@ -56,8 +60,8 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
            'an integer >= 1')
   _require(decode_cfg.tokens_per_batch == 0 or _is_positive_int(decode_cfg.tokens_per_batch),
            'decode.tokens_per_batch', decode_cfg.tokens_per_batch, 'an integer >= 0 (0: data.tokens_per_batch)')
-  _require(decode_cfg.compact_every == 0 or _is_positive_int(decode_cfg.compact_every), 'decode.compact_every',
-           decode_cfg.compact_every, 'an integer >= 0 (0: no compaction)')
+  _require(_is_positive_int(decode_cfg.compact_every_steps) or _is_zero(decode_cfg.compact_every_steps),
+           'decode.compact_every_steps', decode_cfg.compact_every_steps, 'an integer >= 0 (0: no compaction)')
   _require(decode_cfg.early_stopping in decoding.EARLY_STOPPING, 'decode.early_stopping', decode_cfg.early_stopping,
            f'one of {decoding.EARLY_STOPPING}')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',

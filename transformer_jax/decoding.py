@@ -48,7 +48,7 @@ class BeamState(NamedTuple):
 
 class GreedyState(NamedTuple):
   """The loop carry of `greedy_search`."""
-  step: jax.Array         # int32 [].
+  step: jax.Array         # int32 []; tokens generated so far.
   tokens: jax.Array       # int32 [batch, max_steps]; PAD after EOS or the length limit.
   last_tokens: jax.Array  # int32 [batch]; fed to step_fn next.
   done: jax.Array         # bool [batch]; the sentence's tokens are final.
@@ -324,8 +324,8 @@ def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.
   """Beam steps while state.step < until and some sentence is not done (one `jax.lax.while_loop`).
 
   Args:
-    state: from `init_beam_search`, a previous call, or `take_sentences`; its cache must hold `until`
-      positions where step_fn's cache has a fixed size.
+    state: from `init_beam_search`, a previous call, or `take_sentences`. Where step_fn's cache has a fixed
+      number of positions (the model's self-attention cache), it must hold at least `until` of them.
     step_fn, alpha, eos_id, bos_id, pad_id, early_stopping: as in `beam_search`.
     until: int32 [] step count to stop at (at most the max_steps of `init_beam_search`); it may be traced,
       so that one compiled loop stops at any step.
@@ -343,8 +343,12 @@ def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.
 
 
 def beam_search_output(state: BeamState, pad_id: int = 0) -> tuple[jax.Array, jax.Array]:
-  """`beam_search`'s (tokens, scores) from a state: the finished hypotheses, all PAD in empty slots. Final for
-  the sentences that are done."""
+  """`beam_search`'s output from a state: its finished hypotheses, final for the sentences that are done.
+
+  Returns:
+    tokens: int32 [batch, beam_size, max_steps], best-first, PAD after the last token; an empty slot is all PAD.
+    scores: float32 [batch, beam_size], log P(Y) / lp(Y), sorted descending; -inf for empty slots.
+  """
   empty = jnp.isneginf(state.finished_scores)[:, :, None]  # [batch, beam, 1]
   return jnp.where(empty, pad_id, state.finished_seqs), state.finished_scores
 

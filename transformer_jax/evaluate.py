@@ -114,7 +114,7 @@ def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, bea
                                 beam_size=beam_size or decode_cfg.beam_size,
                                 alpha=decode_cfg.alpha if alpha is None else alpha,
                                 extra_length=decode_cfg.extra_length, early_stopping=decode_cfg.early_stopping,
-                                compact_every=decode_cfg.compact_every,
+                                compact_every_steps=decode_cfg.compact_every_steps,
                                 batch_sharding=sharding.batch_sharding(setup.mesh))
 
 

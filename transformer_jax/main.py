@@ -67,7 +67,8 @@ flags.DEFINE_string('compilation_cache_dir',
                     os.environ.get('TRANSFORMER_JAX_COMPILATION_CACHE', '~/.cache/transformer_jax/xla'),
                     "JAX's persistent compilation cache for train, evaluate, translate and tune_decoding: a rerun, "
                     'a resumed run or an evaluation of the same shapes loads each compiled step (6-16 s of '
-                    'compilation on a 2-core CPU) instead of compiling it. Empty: no cache. Default: '
+                    'compilation on a 2-core CPU) instead of compiling it (every program; 2 GiB at most, the least '
+                    'recently used dropped first). Empty: no cache. Default: '
                     '$TRANSFORMER_JAX_COMPILATION_CACHE, else ~/.cache/transformer_jax/xla.')
 
 
@@ -110,6 +111,7 @@ def main(argv):
     # Every program, not only those over JAX's default 1 s: decoding compiles tens of loops of ~0.1-0.8 s each
     # (one per batch size and cache length); loaded, a first decode of test_2016_flickr took 11 s, not 26.
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+    jax.config.update('jax_compilation_cache_max_size', 2 << 30)  # Bytes; the least recently used go first.
   from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.absolute_paths(config)  # config.json stores paths that work from any directory.
   if mode in ('evaluate', 'translate', 'tune_decoding', 'export'):
