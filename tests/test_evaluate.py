@@ -150,7 +150,8 @@ def test_compacted_decoding_drops_done_sentences_and_gives_decode_batch_output(b
                       lambda state, context, index: (batches.append(len(index)), take(state, context, index))[1])
   for compact_every_steps in (1, 3):
     batches.clear()
-    got = translation.decode_batch_compacted(params, source, compact_every_steps=compact_every_steps, min_size=1, **kwargs)
+    got = translation.decode_batch_compacted(params, source, compact_every_steps=compact_every_steps, min_size=1,
+                                             **kwargs)
     jax.tree.map(same, got, want)
     assert batches and batches == sorted(batches, reverse=True) and batches[-1] < len(source), batches
   # Rows to skip are dropped at the first look; the other rows' output is unchanged.
@@ -164,7 +165,8 @@ def test_compacted_decoding_drops_done_sentences_and_gives_decode_batch_output(b
 
 
 def test_compacted_size_is_a_power_of_two_at_most_half_the_batch():
-  assert [translation.compacted_size(alive, 32, 1) for alive in (0, 1, 3, 8, 9, 16, 17, 32)] == [1, 1, 4, 8, 16, 16, 32, 32]
+  sizes = [translation.compacted_size(alive, 32, 1) for alive in (0, 1, 3, 8, 9, 16, 17, 32)]
+  assert sizes == [1, 1, 4, 8, 16, 16, 32, 32]
   assert translation.compacted_size(5, 10, 1) == 10 and translation.compacted_size(4, 10, 1) == 4
   assert [translation.compacted_size(alive, 32) for alive in (1, 3, 8, 9)] == [8, 8, 8, 16]  # min_size 8.
   assert translation.compacted_size(3, 12) == 12  # 8 is more than half of 12.

@@ -149,7 +149,7 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
 _start_jit = jax.jit(_start, static_argnames=('model', 'beam_size', 'extra_length', 'max_steps', 'cache_length',
                                              'greedy', 'context_length'))
 _continue_jit = jax.jit(_continue, static_argnames=('model', 'alpha', 'early_stopping', 'cache_length'))
-_output_jit = jax.jit(_output, static_argnames=('with_scores',))
+_output_jit = jax.jit(_output, static_argnames=('with_scores',))  # Given states without their cache.
 
 
 @jax.jit
@@ -227,6 +227,7 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
   if skip_rows is not None:
     state = state._replace(done=state.done | jnp.asarray(skip_rows, bool))
   rows = np.arange(batch_size)  # The input row of each row of the state.
+  output = lambda state: [np.asarray(x) for x in _output_jit(state._replace(cache=None), with_scores)]
   pieces = []  # (input rows, their outputs) of the sentences dropped along the way.
   # Looks: every compact_every_steps steps from each stage's start, and at each stage's end.
   looks = sorted({until for start, end in zip([0] + ends, ends)
@@ -242,11 +243,11 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
     size = compacted_size(alive, len(done), min_size)
     if size < len(done):
       finished = np.flatnonzero(done)
-      pieces.append((rows[finished], [np.asarray(x)[finished] for x in _output_jit(state, with_scores)]))
+      pieces.append((rows[finished], [x[finished] for x in output(state)]))
       keep = np.concatenate([np.flatnonzero(~done), finished[:size - alive]])
       state, context = _take_sentences(state, context, jnp.asarray(keep, jnp.int32))
       rows = rows[keep]
-  pieces.append((rows, [np.asarray(x) for x in _output_jit(state, with_scores)]))
+  pieces.append((rows, output(state)))
   outputs = [np.zeros((batch_size, *x.shape[1:]), x.dtype) for x in pieces[-1][1]]
   for index, values in pieces:
     for output, value in zip(outputs, values):
