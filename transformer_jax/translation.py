@@ -157,15 +157,15 @@ def _take_sentences(state: Any, context: Any, index: Array) -> tuple[Any, Any]:
   return decoding.take_sentences(state, index), jax.tree.map(lambda x: x[index], context)
 
 
-def compacted_size(alive: int, rows: int, min_size: int = 8) -> int:
-  """The batch a search of `rows` sentences, `alive` of them not done, goes on with.
+def compacted_size(alive: int, batch_size: int, min_size: int = 8) -> int:
+  """The batch a search of batch_size sentences, `alive` of them not done, goes on with.
 
-  n = max(the smallest power of two >= alive, min_size); n where 2 n <= rows, else rows (no compaction).
-  Powers of two and a floor keep the distinct shapes, and so the compilations (~0.7 s each for the decoding
-  loop on a 2-vCPU Xeon), few; a step of 8 sentences x beam 4 took 2.6 ms there, of 16 sentences 4.1 ms.
+  n = max(the smallest power of two >= alive, min_size); n where 2 n <= batch_size, else batch_size (no
+  compaction). Powers of two and a floor keep the distinct shapes, and so the compilations (~0.7 s each for the
+  decoding loop on a 2-vCPU Xeon), few; a step of 8 sentences x beam 4 took 2.6 ms there, of 16 sentences 4.1 ms.
   """
   size = max(1 << max(alive - 1, 0).bit_length(), min_size)
-  return size if 2 * size <= rows else rows
+  return size if 2 * size <= batch_size else batch_size
 
 
 def context_length_for(source_length: int) -> int:
