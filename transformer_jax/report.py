@@ -314,29 +314,42 @@ def to_csv(records: Sequence[dict[str, Any]]) -> str:
 
 
 def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-  """Two panels by row, error bars one standard deviation over seeds: our dev perplexity (log scale) beside the
-  paper's (its own axis: the corpora differ), and our dev BLEU."""
+  """Two panels by row, ours beside the paper's (its own right axis: the corpora differ): dev perplexity (log
+  scale) and dev BLEU. Ours are means with error bars of one standard deviation over seeds; the shaded band is
+  base's mean ± NOISE_UNITS standard deviations of a one-seed row's difference from it (`verdicts`), so a
+  one-seed row inside it is within noise of base."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   rows = [r for r in records if r['dev_perplexity'] is not None or r['paper_ppl_dev'] is not None]
   positions = list(range(len(rows)))
-  figure, (ppl_axis, bleu_axis) = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(rows)), 7.0), sharex=True)
-  paper_axis = ppl_axis.twinx()
-  ppl_axis.bar([p - 0.2 for p in positions], [r['dev_perplexity'] or 0.0 for r in rows], width=0.4,
-               yerr=[r.get('dev_perplexity_std') or 0.0 for r in rows], capsize=2, color='tab:blue',
-               label='ours (left axis)')
-  paper_axis.bar([p + 0.2 for p in positions], [r['paper_ppl_dev'] or 0.0 for r in rows], width=0.4,
-                 color='tab:orange', label='paper, newstest2013 (right axis)')
-  ppl_axis.set_yscale('log')  # A diverged row would flatten every other bar.
-  ppl_axis.set_ylabel('our dev perplexity (log scale)')
-  paper_axis.set_ylabel("paper's dev perplexity")
-  ppl_axis.legend(loc='upper left', fontsize='small')
-  paper_axis.legend(loc='upper right', fontsize='small')
-  bleu_axis.bar(positions, [r['dev_bleu'] or 0.0 for r in rows], yerr=[r.get('dev_bleu_std') or 0.0 for r in rows],
-                capsize=2, color='tab:green')
-  bleu_axis.set_ylabel('our dev BLEU')
-  bleu_axis.set_xticks(positions, [r['row'] for r in rows], rotation=90)
+  base = next((r for r in rows if r['row'] == 'base'), None)
+  figure, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(rows)), 7.0), sharex=True)
+  panels = (('dev_perplexity', 'paper_ppl_dev', 'dev perplexity'), ('dev_bleu', 'paper_bleu_dev', 'dev BLEU'))
+  for axis, (ours, paper, label) in zip(axes, panels):
+    done = [(p, r) for p, r in zip(positions, rows) if r[ours] is not None]
+    axis.errorbar([p for p, _ in done], [r[ours] for _, r in done], yerr=[r.get(f'{ours}_std') or 0.0 for _, r in done],
+                  fmt='o', capsize=3, color='tab:blue', label='ours (left axis), ± std over seeds')
+    if base is not None and base.get(f'{ours}_std'):
+      half = NOISE_UNITS * base[f'{ours}_std'] * math.sqrt(1 + 1 / max(base.get('seeds') or 1, 1))
+      axis.axhspan(base[ours] - half, base[ours] + half, color='tab:blue', alpha=0.12,
+                   label=f'base ± {NOISE_UNITS:g} σ of a one-seed difference')
+    paper_axis = axis.twinx()
+    known = [(p, r) for p, r in zip(positions, rows) if r[paper] is not None]
+    paper_axis.plot([p for p, _ in known], [r[paper] for _, r in known], 'D', color='tab:orange',
+                    label='paper, newstest2013 (right axis)')
+    axis.set_ylabel(f'our {label}')
+    paper_axis.set_ylabel(f"paper's {label}")
+    if axis is axes[0]:  # One legend, above the panels, for both.
+      handles, labels = (sum(pair, []) for pair in zip(axis.get_legend_handles_labels(),
+                                                      paper_axis.get_legend_handles_labels()))
+      axis.legend(handles, labels, loc='lower left', bbox_to_anchor=(0.0, 1.02), ncol=2, fontsize='small',
+                  frameon=False)
+  axes[0].set_yscale('log')  # A diverged row would flatten every other point.
+  for formatter in (axes[0].yaxis.set_major_formatter, axes[0].yaxis.set_minor_formatter):
+    formatter(matplotlib.ticker.FormatStrFormatter('%g'))  # 6, 6.5, 7 rather than 6 x 10^0.
+  axes[1].set_xticks(positions, [r['row'] for r in rows], rotation=90)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)
