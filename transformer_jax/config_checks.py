@@ -31,8 +31,8 @@ def _is_positive_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _is_zero(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool) and value == 0
+def _is_non_negative_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def validate_config(config, num_devices: int | None = None) -> model_lib.ModelConfig:
@@ -58,9 +58,9 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
            'a finite number >= 0')
   _require(_is_positive_int(decode_cfg.extra_length), 'decode.extra_length', decode_cfg.extra_length,
            'an integer >= 1')
-  _require(decode_cfg.tokens_per_batch == 0 or _is_positive_int(decode_cfg.tokens_per_batch),
+  _require(_is_non_negative_int(decode_cfg.tokens_per_batch),
            'decode.tokens_per_batch', decode_cfg.tokens_per_batch, 'an integer >= 0 (0: data.tokens_per_batch)')
-  _require(_is_positive_int(decode_cfg.compact_every_steps) or _is_zero(decode_cfg.compact_every_steps),
+  _require(_is_non_negative_int(decode_cfg.compact_every_steps),
            'decode.compact_every_steps', decode_cfg.compact_every_steps, 'an integer >= 0 (0: no compaction)')
   _require(decode_cfg.early_stopping in decoding.EARLY_STOPPING, 'decode.early_stopping', decode_cfg.early_stopping,
            f'one of {decoding.EARLY_STOPPING}')
