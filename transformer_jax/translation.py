@@ -250,8 +250,8 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
   pieces.append((rows, output(state)))
   outputs = [np.zeros((batch_size, *x.shape[1:]), x.dtype) for x in pieces[-1][1]]
   for index, values in pieces:
-    for output, value in zip(outputs, values):
-      output[index] = value
+    for array, value in zip(outputs, values):
+      array[index] = value
   outputs[0] = outputs[0][..., :width]  # PAD from L_b <= width on.
   return tuple(outputs) if with_scores else outputs[0]
 
