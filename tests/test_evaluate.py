@@ -1,4 +1,7 @@
 """Decoding through the model's cache (§6.1) against uncached teacher-forced decoding, and translate()."""
+import os
+import time
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -164,6 +167,23 @@ def test_compacted_decoding_drops_done_sentences_and_gives_decode_batch_output(b
     translation.decode_batch_compacted(params, source, compact_every_steps=0, **kwargs)
 
 
+def test_concurrent_decoding_keeps_the_order_and_raises_what_a_batch_raised():
+  def slow_first(item):  # The first item ends last.
+    time.sleep(0.2 if item == 0 else 0.01)
+    if item == 5:
+      raise ValueError('batch 5')
+    return item * 10
+  assert list(translation._map_in_order(slow_first, range(5), 3)) == [0, 10, 20, 30, 40]
+  assert list(translation._map_in_order(slow_first, range(5), 1)) == [0, 10, 20, 30, 40]
+  with pytest.raises(ValueError, match='batch 5'):
+    list(translation._map_in_order(slow_first, range(8), 2))
+  cores = len(os.sched_getaffinity(0))
+  assert translation.concurrent_batches_for(0) == min(cores, 8)  # The tests run on the CPU backend.
+  assert translation.concurrent_batches_for(3) == 3
+  with pytest.raises(ValueError, match='concurrent_batches must be >= 0'):
+    translation.decode_all({}, [], 0, model=None, beam_size=1, alpha=0.0, extra_length=1, concurrent_batches=-1)
+
+
 def test_compacted_size_is_a_power_of_two_at_most_half_the_batch():
   sizes = [translation.compacted_size(alive, 32, 1) for alive in (0, 1, 3, 8, 9, 16, 17, 32)]
   assert sizes == [1, 1, 4, 8, 16, 16, 32, 32]
@@ -190,6 +210,10 @@ def test_translate_keeps_every_line_in_order_with_blank_lines(tmp_path):
   # Dropping done sentences every step (the padding rows of the last batch from the start) changes nothing.
   assert translation.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
                                extra_length=3, compact_every_steps=1) == outputs
+  # One batch at a time (the outputs above: automatic, several at once on this CPU) or three: the same.
+  for concurrent_batches in (1, 3):
+    assert translation.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
+                                 extra_length=3, concurrent_batches=concurrent_batches) == outputs
   # Each line's output is its own: decoding a line alone gives the same text as in the batch.
   alone = batching.eval_batches(input_pipeline.encode(tokenizer, [lines[2]]),
                                       batching.Ragged.from_lists([[]]), tokens_per_batch=32,

@@ -62,6 +62,8 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
            'decode.tokens_per_batch', decode_cfg.tokens_per_batch, 'an integer >= 0 (0: data.tokens_per_batch)')
   _require(_is_non_negative_int(decode_cfg.compact_every_steps),
            'decode.compact_every_steps', decode_cfg.compact_every_steps, 'an integer >= 0 (0: no compaction)')
+  _require(_is_non_negative_int(decode_cfg.concurrent_batches),
+           'decode.concurrent_batches', decode_cfg.concurrent_batches, 'an integer >= 0 (0: automatic)')
   _require(decode_cfg.early_stopping in decoding.EARLY_STOPPING, 'decode.early_stopping', decode_cfg.early_stopping,
            f'one of {decoding.EARLY_STOPPING}')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',

@@ -115,6 +115,7 @@ def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, bea
                                 alpha=decode_cfg.alpha if alpha is None else alpha,
                                 extra_length=decode_cfg.extra_length, early_stopping=decode_cfg.early_stopping,
                                 compact_every_steps=decode_cfg.compact_every_steps,
+                                concurrent_batches=decode_cfg.concurrent_batches,
                                 batch_sharding=sharding.batch_sharding(setup.mesh))
 
 
