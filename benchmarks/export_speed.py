@@ -1,10 +1,10 @@
 """Our beam search against CTranslate2 exports of the same checkpoint: sentences/s and the three BLEUs.
 
   python benchmarks/export_speed.py --workdir=runs/multi30k [--split=test] [--threads=1,2] [--inter_threads=1,2]
-      [--beam_size=4 --alpha=1.4] [--concurrent_batches=N]
+      [--beam_size=4 --alpha=1.4] [--concurrent_batches=1,2,4]
 
 Decodes the split with our beam search (the run's decode.beam_size and decode.alpha unless given; twice: the first call
-includes compilation), then exports the parameters `eval.checkpoint_selection` chooses to CTranslate2 in
+includes compilation; then once per further --concurrent_batches count), then exports the parameters `eval.checkpoint_selection` chooses to CTranslate2 in
 float32 and int8 (into <workdir>/export_speed/, replaced) and decodes the same sources with each, beam
 decode.beam_size, CTranslate2's default length penalty (1.0: log-probability / length) and at most the longest
 source + decode.extra_length tokens, on each thread count (`intra_threads`) and each count of batches translated at
@@ -25,6 +25,7 @@ import sys
 import time
 
 import ctranslate2
+import jax
 import sentencepiece
 
 from transformer_jax import bleu
@@ -43,8 +44,9 @@ def main() -> None:
   parser.add_argument('--threads', default='1,2', help="CTranslate2's intra_threads, one row each")
   parser.add_argument('--inter_threads', default='1',
                       help="CTranslate2's inter_threads (batches at once, each on intra_threads threads), one row each")
-  parser.add_argument('--concurrent_batches', type=int, default=None,
-                      help="ours' decode.concurrent_batches (0: automatic); default: the run's")
+  parser.add_argument('--concurrent_batches', default=None,
+                      help="ours' decode.concurrent_batches (0: automatic), one row each, e.g. 1,2,4; default: the "
+                           "run's")
   parser.add_argument('--no_length_penalty', action='store_true',
                       help='alpha 0 for ours and length_penalty 0 (with min_decoding_length 0) for CTranslate2: the '
                            'two searches then score hypotheses alike')
@@ -63,8 +65,6 @@ def main() -> None:
     config.decode.tokens_per_batch = args.tokens_per_batch
   if args.compact_every_steps is not None:
     config.decode.compact_every_steps = args.compact_every_steps
-  if args.concurrent_batches is not None:
-    config.decode.concurrent_batches = args.concurrent_batches
   if args.beam_size is not None:
     config.decode.beam_size = args.beam_size
   if args.alpha is not None:
@@ -76,12 +76,18 @@ def main() -> None:
     params, steps = evaluate.load_params(config.eval, setup)
     split_name = config.data.test_split if args.split == 'test' else config.data.eval_split
     split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
-    stop = (f'{config.decode.early_stopping}, decode.tokens_per_batch={config.decode.tokens_per_batch}, '
-            f'decode.compact_every_steps={config.decode.compact_every_steps}, decode.concurrent_batches='
-            f'{translation.concurrent_batches_for(config.decode.concurrent_batches)}')
-    for label in (f'ours, early_stopping={stop} (compilation included)', f'ours, early_stopping={stop}'):
-      hypotheses, scores, seconds = evaluate.translate_split(config, setup, params, split, alpha=alpha)
-      report(label, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha, steps)
+    counts = ([int(c) for c in args.concurrent_batches.split(',')] if args.concurrent_batches is not None
+              else [config.decode.concurrent_batches])
+    for count in counts:
+      config.decode.concurrent_batches = count
+      at_once = translation.concurrent_batches_for(count) if jax.device_count() == 1 else 1
+      stop = (f'{config.decode.early_stopping}, decode.tokens_per_batch={config.decode.tokens_per_batch}, '
+              f'decode.compact_every_steps={config.decode.compact_every_steps}, {at_once} batch(es) at once')
+      # The first call compiles the searches; later ones (and other counts) reuse them.
+      labels = [f'ours, {stop}'] + ([f'ours, {stop} (compilation included)'] if count == counts[0] else [])
+      for label in reversed(labels):
+        hypotheses, scores, seconds = evaluate.translate_split(config, setup, params, split, alpha=alpha)
+        report(label, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha, steps)
   finally:
     setup.close()
   root = os.path.join(args.workdir, 'export_speed')
@@ -93,16 +99,18 @@ def main() -> None:
   for quantization in ('float32', 'int8'):
     output = export.export_ctranslate2(params, setup.model.cfg, vocabulary, os.path.join(root, quantization),
                                        quantization)
-    for threads, inter in itertools.product((int(t) for t in args.threads.split(',')),
-                                            [int(t) for t in args.inter_threads.split(',')]):
-      translator = ctranslate2.Translator(output, device='cpu', inter_threads=inter, intra_threads=threads)
+    for intra_threads, inter_threads in itertools.product([int(t) for t in args.threads.split(',')],
+                                                          [int(t) for t in args.inter_threads.split(',')]):
+      translator = ctranslate2.Translator(output, device='cpu', inter_threads=inter_threads,
+                                          intra_threads=intra_threads)
       start = time.perf_counter()
       penalty = dict(length_penalty=0.0, min_decoding_length=0) if args.no_length_penalty else {}
       results = translator.translate_batch(sources, beam_size=config.decode.beam_size, max_batch_size=64,
                                            max_decoding_length=max_length, **penalty)
       seconds = time.perf_counter() - start
       hypotheses = [processor.decode(r.hypotheses[0]) for r in results]
-      label = f'CTranslate2 {quantization}, {threads} thread(s)' + (f' x {inter} batches at once' if inter > 1 else '')
+      label = f'CTranslate2 {quantization}, {intra_threads} thread(s)' + (
+          f' x {inter_threads} batches at once' if inter_threads > 1 else '')
       report(label, len(hypotheses), seconds, bleu.all_bleu(hypotheses, split.target_texts, lang), alpha, steps)
 
 

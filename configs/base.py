@@ -121,9 +121,10 @@ def get_config() -> ml_collections.ConfigDict:
       # test_2016_flickr: 1.06-1.25x the sentences/s once compiled, but ~8 s more compilation: worth it for
       # long decodes (break-even near 20k sentences with 'finished', 3k with 'bound'). Ignored over devices.
       compact_every_steps=0,
-      # On one device, batches decoded at once, each on its own thread (same output); 0: on a CPU its cores
-      # (at most 8), on an accelerator 1. On a 2-vCPU Xeon, test_2016_flickr: 1.57x the sentences/s of one
-      # batch at a time with 2, 1.63x with 3 or 4. Over several devices batches go one at a time.
+      # On one device, batches decoded at once, each on its own thread (same output; a cache per batch in
+      # flight); 0: on a CPU its cores (at most 4; measured on 2 vCPUs only), on an accelerator 1. On a 2-vCPU
+      # Xeon, test_2016_flickr, 'finished', 512 tokens per batch: 1.6-1.7x the sentences/s of one batch at a
+      # time with 2, no more with 3 or 4. Over several devices batches go one at a time.
       concurrent_batches=0,
   ))
 

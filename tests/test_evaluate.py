@@ -1,5 +1,6 @@
 """Decoding through the model's cache (§6.1) against uncached teacher-forced decoding, and translate()."""
 import os
+import threading
 import time
 
 import flax.linen as nn
@@ -167,21 +168,62 @@ def test_compacted_decoding_drops_done_sentences_and_gives_decode_batch_output(b
     translation.decode_batch_compacted(params, source, compact_every_steps=0, **kwargs)
 
 
-def test_concurrent_decoding_keeps_the_order_and_raises_what_a_batch_raised():
-  def slow_first(item):  # The first item ends last.
-    time.sleep(0.2 if item == 0 else 0.01)
-    if item == 5:
-      raise ValueError('batch 5')
-    return item * 10
-  assert list(translation._map_in_order(slow_first, range(5), 3)) == [0, 10, 20, 30, 40]
-  assert list(translation._map_in_order(slow_first, range(5), 1)) == [0, 10, 20, 30, 40]
+def test_concurrent_decoding_runs_calls_at_once_keeps_the_order_and_raises_what_a_batch_raised():
+  running, peak, lock = [0], [0], threading.Lock()
+
+  def calls(barrier):
+    def call(item):  # The first three meet at the barrier: one after another they never would.
+      with lock:
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+      if item < 3:
+        barrier.wait()
+      time.sleep(0.2 if item == 0 else 0.01)  # Then the first ends last.
+      with lock:
+        running[0] -= 1
+      if item == 5:
+        raise ValueError('batch 5')
+      return item * 10
+    return call
+  assert list(translation._map_in_order(calls(threading.Barrier(3, timeout=10)), range(5), 3)) == [0, 10, 20, 30, 40]
+  assert peak[0] == 3  # At most `workers` at once.
+  with pytest.raises(threading.BrokenBarrierError):
+    list(translation._map_in_order(calls(threading.Barrier(3, timeout=0.5)), range(5), 1))
   with pytest.raises(ValueError, match='batch 5'):
-    list(translation._map_in_order(slow_first, range(8), 2))
-  cores = len(os.sched_getaffinity(0))
-  assert translation.concurrent_batches_for(0) == min(cores, 8)  # The tests run on the CPU backend.
+    list(translation._map_in_order(calls(threading.Barrier(3, timeout=10)), range(8), 3))
+  assert list(translation._map_in_order(calls(threading.Barrier(3, timeout=10)), [], 3)) == []
+
+
+def test_concurrent_batches_automatic_choice(monkeypatch):
   assert translation.concurrent_batches_for(3) == 3
   with pytest.raises(ValueError, match='concurrent_batches must be >= 0'):
+    translation.concurrent_batches_for(-1)
+  with pytest.raises(ValueError, match='concurrent_batches must be >= 0'):
     translation.decode_all({}, [], 0, model=None, beam_size=1, alpha=0.0, extra_length=1, concurrent_batches=-1)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
+  for cores, expected in ((1, 1), (2, 2), (16, 4)):
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid, cores=cores: set(range(cores)), raising=False)
+    assert translation.concurrent_batches_for(0) == expected
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  assert translation.concurrent_batches_for(0) == 1
+
+
+def test_concurrent_decoding_runs_under_the_callers_mesh_and_axis_rules(monkeypatch):
+  seen = []
+
+  def fake_decode_batch(params, source, **kwargs):  # Records what the pool thread sees.
+    del params, kwargs
+    seen.append((jax.sharding.get_mesh(), nn.get_logical_axis_rules()))
+    return np.zeros((source.shape[0], 3), np.int32)
+  monkeypatch.setattr(translation, 'decode_batch', fake_decode_batch)
+  batches = [{'source_tokens': np.ones((2, 4), np.int32), 'example_index': np.array([2 * i, 2 * i + 1])}
+             for i in range(4)]
+  mesh, rules = jax.make_mesh((1,), ('data',)), (('batch', 'data'),)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    outputs = translation.decode_all({}, batches, 8, model=None, beam_size=1, alpha=0.0, extra_length=1,
+                                     concurrent_batches=2)
+  assert len(outputs) == 8 and len(seen) == 4
+  assert all(got_mesh == mesh and tuple(got_rules) == rules for got_mesh, got_rules in seen), seen
 
 
 def test_compacted_size_is_a_power_of_two_at_most_half_the_batch():
@@ -210,10 +252,12 @@ def test_translate_keeps_every_line_in_order_with_blank_lines(tmp_path):
   # Dropping done sentences every step (the padding rows of the last batch from the start) changes nothing.
   assert translation.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
                                extra_length=3, compact_every_steps=1) == outputs
-  # One batch at a time (the outputs above: automatic, several at once on this CPU) or three: the same.
-  for concurrent_batches in (1, 3):
+  # One batch at a time (the outputs above: automatic, several at once on this CPU) or three, with compaction
+  # or without: the same.
+  for concurrent_batches, compact_every_steps in ((1, 0), (3, 0), (3, 1)):
     assert translation.translate(params, batches, tokenizer, len(lines), model=model, beam_size=2, alpha=0.6,
-                                 extra_length=3, concurrent_batches=concurrent_batches) == outputs
+                                 extra_length=3, concurrent_batches=concurrent_batches,
+                                 compact_every_steps=compact_every_steps) == outputs
   # Each line's output is its own: decoding a line alone gives the same text as in the batch.
   alone = batching.eval_batches(input_pipeline.encode(tokenizer, [lines[2]]),
                                       batching.Ragged.from_lists([[]]), tokens_per_batch=32,

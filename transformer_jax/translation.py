@@ -1,12 +1,13 @@
 """Translation with the decoding cache (§6.1): the encoder once, then cached beam search, detokenised.
 
 `decode_batch` is one jitted search over a batch; `decode_batch_compacted` the same search driven from the host,
-which drops the sentences that are done as it goes; `decode_all` runs either over a split's batches, several
-batches at once on one device (multi-host: every process gets every row back); `translate` detokenises. Which
-checkpoints to decode and what to do with the output is `evaluate.py`'s.
+which drops the sentences that are done as it goes; `decode_all` runs either over a split's batches (on one
+device, `decode.concurrent_batches` of them at once; multi-host: every process gets every row back);
+`translate` detokenises. Which checkpoints to decode and what to do with the output is `evaluate.py`'s.
 """
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import os
 import time
@@ -14,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from absl import logging
 import flax
+import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
@@ -276,16 +278,48 @@ _R = TypeVar('_R')
 
 
 def concurrent_batches_for(concurrent_batches: int) -> int:
-  """decode.concurrent_batches resolved: a positive value as it is; 0 (auto) is the CPU cores this process may
-  use, at most 8, on the CPU backend, and 1 on accelerators (whose device runs one program at a time)."""
+  """decode.concurrent_batches resolved to the batches `decode_all` decodes at once on one device.
+
+  Args:
+    concurrent_batches: a positive count, kept; or 0 (automatic): on the CPU backend the cores this process
+      may use, at most 4 (measured on 2 vCPUs only: docs/performance.md, session 15), and 1 on accelerators
+      (not measured there).
+
+  Returns:
+    The count, >= 1.
+
+  Raises:
+    ValueError: if concurrent_batches is negative.
+  """
+  if concurrent_batches < 0:
+    raise ValueError(f'concurrent_batches must be >= 0 (0: automatic), got {concurrent_batches}')
   if concurrent_batches:
     return concurrent_batches
-  return min(len(os.sched_getaffinity(0)), 8) if jax.default_backend() == 'cpu' else 1
+  if jax.default_backend() != 'cpu':
+    return 1
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+  return min(cores, 4)
 
 
 def _map_in_order(fn: Callable[[_T], _R], items: Iterable[_T], workers: int) -> Iterator[_R]:
-  """fn over items, at most `workers` calls at once on a thread pool (1: here, one after another), the results
-  in the items' order. An exception of fn is raised here, once the calls under way have ended."""
+  """fn over items on a pool of `workers` threads, the results in the items' order.
+
+  At most `workers` calls run at once and at most 2 x workers are submitted ahead of the result awaited, so
+  that a thread whose call has ended goes on with the next item while an earlier, slower one still runs.
+
+  Args:
+    fn: called once per item, on a pool thread (here, in order, when workers is 1).
+    items: consumed as the results are awaited, not all at once.
+    workers: threads.
+
+  Yields:
+    fn(item) for each item, in order.
+
+  Raises:
+    What fn raised, when its result is reached (the calls under way end first); what iterating `items`
+    raised, which then takes the place of an exception of fn not yet reached. Closing the generator early
+    waits for the calls under way and starts no others.
+  """
   if workers <= 1:
     yield from map(fn, items)
     return
@@ -293,10 +327,30 @@ def _map_in_order(fn: Callable[[_T], _R], items: Iterable[_T], workers: int) -> 
     pending = collections.deque()
     for item in items:
       pending.append(pool.submit(fn, item))
-      if len(pending) == workers:
+      if len(pending) == 2 * workers:
         yield pending.popleft().result()
     while pending:
       yield pending.popleft().result()
+
+
+def _decode_one(batch: dict[str, np.ndarray], *, params: Any, batch_sharding: jax.sharding.Sharding | None,
+                one_device: bool, compact_every_steps: int, mesh: jax.sharding.Mesh, rules: Any,
+                **kwargs) -> tuple[np.ndarray, np.ndarray]:
+  """One batch of `decode_all`: (tokens int32 [rows, src_len + extra_length], example_index int [rows]) on the
+  host. Traced and run under the caller's mesh and logical axis rules (`mesh`, `rules`), which a pool thread
+  does not inherit."""
+  with jax.set_mesh(mesh) if not mesh.empty else contextlib.nullcontext(), nn.logical_axis_rules(rules):
+    if one_device and compact_every_steps:
+      index = batch['example_index']
+      return decode_batch_compacted(params, batch['source_tokens'], compact_every_steps=compact_every_steps,
+                                    skip_rows=index < 0, **kwargs), index
+    if one_device:
+      return np.asarray(decode_batch(params, jnp.asarray(batch['source_tokens']), **kwargs)), batch['example_index']
+    source, index = (jax.make_array_from_process_local_data(batch_sharding, batch[key])
+                     for key in ('source_tokens', 'example_index'))
+    tokens = decode_batch(params, source, **kwargs)
+    # Every row, on every process, in the same global order for the tokens and their sentence indices.
+    return tuple(np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
 
 
 def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_sentences: int, *,
@@ -312,8 +366,10 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
   back, one batch after another. Otherwise each batch is decoded on one device, with `decode_batch_compacted`
   when compact_every_steps > 0, and `concurrent_batches` batches at once: on a CPU a search keeps the cores
   only partly busy (its step is many small operations), and XLA:CPU runs searches called from several threads
-  at the same time. On a 2-vCPU Xeon, test_2016_flickr, beam 4, 512 tokens per batch: 142 sentences/s one
-  batch at a time, 220-224 with two at once, 232 with three or four (docs/performance.md, session 15).
+  at the same time. Each batch in flight holds its own decoding cache: peak memory grows with the count. On a
+  2-vCPU Xeon, test_2016_flickr, beam 4, alpha 1.4, early_stopping='finished', 512 tokens per batch: 1.6-1.7x
+  the sentences/s of one batch at a time with two at once, no more with three or four (docs/performance.md,
+  session 15).
 
   Args:
     params: model parameters (e.g. an average of checkpoints), placed or sharded as for training.
@@ -334,30 +390,19 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     ValueError: if some sentence received no output (a batching bug, never silently tolerated); for a negative
       concurrent_batches; as `decode_batch` for a bad argument.
   """
-  if concurrent_batches < 0:
-    raise ValueError(f'concurrent_batches must be >= 0 (0: automatic), got {concurrent_batches}')
+  workers = concurrent_batches_for(concurrent_batches)
   one_device = batch_sharding is None or len(batch_sharding.device_set) == 1
-  if compact_every_steps and not one_device:
-    logging.info('decode.compact_every_steps=%d is ignored over %d devices: each batch is one compiled search.',
-                 compact_every_steps, len(batch_sharding.device_set))
-  kwargs = dict(model=model, beam_size=beam_size, alpha=alpha, extra_length=extra_length,
-                early_stopping=early_stopping)
-
-  def decode_one(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens [rows, length], example_index [rows]) of one batch, on the host."""
-    if one_device and compact_every_steps:
-      index = batch['example_index']
-      return decode_batch_compacted(params, batch['source_tokens'], compact_every_steps=compact_every_steps,
-                                    skip_rows=index < 0, **kwargs), index
-    if one_device:
-      return np.asarray(decode_batch(params, jnp.asarray(batch['source_tokens']), **kwargs)), batch['example_index']
-    source, index = (jax.make_array_from_process_local_data(batch_sharding, batch[key])
-                     for key in ('source_tokens', 'example_index'))
-    tokens = decode_batch(params, source, **kwargs)
-    # Every row, on every process, in the same global order for the tokens and their sentence indices.
-    return tuple(np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
-
-  workers = concurrent_batches_for(concurrent_batches) if one_device else 1
+  if not one_device:
+    # Every process must build and gather the global batches in the same order: threads would reorder them.
+    workers = 1
+    if compact_every_steps:
+      logging.info('decode.compact_every_steps=%d is ignored over %d devices: each batch is one compiled search.',
+                   compact_every_steps, len(batch_sharding.device_set))
+  logging.info('Decoding %d batch(es) at once.', workers)
+  decode_one = functools.partial(
+      _decode_one, params=params, batch_sharding=batch_sharding, one_device=one_device,
+      compact_every_steps=compact_every_steps, mesh=jax.sharding.get_mesh(), rules=nn.get_logical_axis_rules(),
+      model=model, beam_size=beam_size, alpha=alpha, extra_length=extra_length, early_stopping=early_stopping)
   outputs: list[np.ndarray | None] = [None] * num_sentences
   start = last_log = time.perf_counter()
   for tokens, index in _map_in_order(decode_one, batches, workers):
