@@ -132,3 +132,34 @@ def test_compile_for_an_unknown_tpu_slice_is_one_line_without_a_workdir(tmp_path
   lines = process.stderr.strip().splitlines()
   assert lines[0].startswith("ValueError: compile.topology='v5e-7' is not a known TPU slice; known: v4-8, ")
   assert len(lines) == 2
+
+
+def test_the_compilation_cache_loads_back_what_it_stored(tmp_path):
+  """`main.use_compilation_cache` (capped in size, which needs `filelock`): a program compiled once is loaded
+  from disk by the next compilation of it, with no warning (without filelock JAX warns and never loads)."""
+  import warnings  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+  from transformer_jax import main  # pylint: disable=g-import-not-at-top
+  names = ('jax_compilation_cache_dir', 'jax_persistent_cache_min_compile_time_secs',
+           'jax_compilation_cache_max_size', 'jax_persistent_cache_min_entry_size_bytes')
+  previous = {name: getattr(jax.config, name) for name in names}
+  hits = []
+  listener = lambda event, **kwargs: hits.append(event) if 'cache_hits' in event else None
+  jax.monitoring.register_event_listener(listener)
+  try:
+    main.use_compilation_cache(str(tmp_path))
+    jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+    compilation_cache.reset_cache()
+    with warnings.catch_warnings():
+      warnings.simplefilter('error')  # A cache read or write that fails warns: fail the test instead.
+      program = jax.jit(lambda x: x * 3.25 - 1.5)
+      program(jax.numpy.ones(13)).block_until_ready()
+      jax.clear_caches()  # Only the disk remembers it now.
+      program(jax.numpy.ones(13)).block_until_ready()
+    assert any(tmp_path.iterdir()) and hits, (list(tmp_path.iterdir()), hits)
+  finally:
+    jax.monitoring.unregister_event_listener(listener)
+    for name, value in previous.items():
+      jax.config.update(name, value)
+    compilation_cache.reset_cache()
