@@ -135,8 +135,9 @@ def test_compile_for_an_unknown_tpu_slice_is_one_line_without_a_workdir(tmp_path
 
 
 def test_the_compilation_cache_loads_back_what_it_stored(tmp_path):
-  """`main.use_compilation_cache` (capped in size, which needs `filelock`): a program compiled once is loaded
-  from disk by the next compilation of it, with no warning (without filelock JAX warns and never loads)."""
+  """`main.use_compilation_cache`: a program compiled once is loaded from disk by the next compilation of it,
+  with no warning (a size cap without `filelock`, or over entries without access-time files, warned at every
+  read or write and loaded nothing)."""
   import warnings  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
