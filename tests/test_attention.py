@@ -138,3 +138,27 @@ def test_multi_head_attention_fused_equals_xla():
   xla, fused = apply(params, x, mask, impl='xla'), apply(params, x, mask, impl='fused')
   assert xla.shape == x.shape
   np.testing.assert_allclose(fused, xla, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('kv_heads', [4, 2, 1])
+def test_decoding_attention_equals_dot_product_attention_on_the_transposed_caches(kv_heads):
+  rng = np.random.default_rng(0)
+  query = jnp.asarray(rng.normal(size=(3, 1, 4, 8)), jnp.float32)
+  key, value = (jnp.asarray(rng.normal(size=(3, kv_heads, 6, d)), jnp.float32) for d in (8, 5))
+  mask = (jnp.arange(6) <= 3)[None, None, None, :]  # Positions 0..3 written, 4 and 5 not yet.
+  output, weights = attention.decoding_attention(query, key, value, mask)
+  want_output, want_weights = attention.dot_product_attention(query, jnp.swapaxes(key, 1, 2),
+                                                              jnp.swapaxes(value, 1, 2), mask)
+  np.testing.assert_allclose(output, want_output, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(weights, want_weights, rtol=1e-5, atol=1e-7)
+  assert output.shape == (3, 1, 4, 5) and weights.shape == (3, 4, 1, 6) and np.all(weights[..., 4:] == 0)
+
+
+def test_decoding_attention_refuses_what_it_cannot_take():
+  query, cache = jnp.zeros((2, 1, 4, 8)), jnp.zeros((2, 2, 6, 8))
+  with pytest.raises(ValueError, match='one query position, got 2'):
+    attention.decoding_attention(jnp.zeros((2, 2, 4, 8)), cache, cache, None)
+  with pytest.raises(ValueError, match=r'broadcast to \[batch, 1, 1, max_len\]'):
+    attention.decoding_attention(query, cache, cache, jnp.ones((2, 4, 1, 6), bool))
+  with pytest.raises(ValueError, match='do not fit the query'):
+    attention.decoding_attention(query, jnp.zeros((2, 3, 6, 8)), jnp.zeros((2, 3, 6, 8)), None)

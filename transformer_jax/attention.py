@@ -95,6 +95,57 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
   return output.astype(out_dtype), weights
 
 
+def decoding_attention(query: Array, cached_key: Array, cached_value: Array, mask: Array | None, *,
+                       product_dtype: Any = None) -> tuple[Array, Array]:
+  """Eq. 1 for one decoding step: one query position per row against heads-first key/value caches.
+
+  Equal to `dot_product_attention(query, swapaxes(cached_key, 1, 2), swapaxes(cached_value, 1, 2), mask)`
+  (the same operations in the same dtypes), written for the caches' layout: the products read the caches as
+  stored, [batch, kv_heads, max_len, d], and the query heads that share a key/value head are the rows of one
+  product. The layout matters on XLA:CPU beyond speed: with grouped-query attention in bf16, the generic
+  layout's weights x V product became a plain bf16 dot that XLA:CPU cannot run ("Unsupported element type for
+  DotThunk::Execute: BF16 x BF16 = F32"; Table 3's F7 row, session 15).
+
+  Args:
+    query: [batch, 1, num_heads, d_k], compute dtype.
+    cached_key: [batch, num_kv_heads, max_len, d_k]; num_kv_heads divides num_heads.
+    cached_value: [batch, num_kv_heads, max_len, d_v].
+    mask: bool broadcastable to [batch, 1, 1, max_len] (the same positions for every head); True where
+      attention is allowed. None allows everything.
+    product_dtype: the dtype of the products (float32 accumulation either way); None: query.dtype.
+
+  Returns:
+    (output [batch, 1, num_heads, d_v] in cached_value.dtype, weights float32 [batch, num_heads, 1, max_len]).
+
+  Raises:
+    ValueError: for more than one query position, a mask that differs between heads or query positions,
+      or caches that do not fit the query.
+  """
+  batch, q_len, num_heads, d_k = query.shape
+  kv_heads, max_len = cached_key.shape[1:3]
+  if q_len != 1:
+    raise ValueError(f'decoding attends from one query position, got {q_len}')
+  if mask is not None and (mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
+    raise ValueError(f'a decoding mask must broadcast to [batch, 1, 1, max_len], got shape {mask.shape}')
+  if cached_key.shape[-1] != d_k or num_heads % kv_heads or cached_value.shape[:3] != cached_key.shape[:3]:
+    raise ValueError(f'caches {cached_key.shape} and {cached_value.shape} do not fit the query {query.shape}')
+  groups = num_heads // kv_heads
+  out_dtype = cached_value.dtype
+  product_dtype = jnp.dtype(product_dtype or query.dtype)
+  query, key, value = (x.astype(product_dtype) for x in (query, cached_key, cached_value))
+  query = query / jnp.sqrt(d_k).astype(query.dtype)
+  query = query.reshape(batch, kv_heads, groups, d_k)  # Head i = (i // groups, i % groups).
+  scores = numerics.einsum('bhgd,bhkd->bhgk', query, key, jnp.float32)  # [batch, kv_heads, groups, max_len]
+  if mask is not None:
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=-1)
+  if mask is not None:
+    weights = jnp.where(mask, weights, 0.0)
+  output = numerics.einsum('bhgk,bhkv->bhgv', weights.astype(value.dtype), value)
+  output = output.reshape(batch, 1, num_heads, value.shape[-1])
+  return output.astype(out_dtype), weights.reshape(batch, num_heads, 1, max_len)
+
+
 def fused_dot_product_attention(query: Array, key: Array, value: Array, mask: Array | None) -> Array:
   """Eq. 1 through `jax.nn.dot_product_attention` (cuDNN flash attention on GPUs); inference and training.
 
@@ -200,8 +251,14 @@ class MultiHeadAttention(nn.Module):
       if use_cache and self.cross_attention:  # Never reordered: kept in the product dtype, cast once.
         self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(self._product_dtype))
         self.put_variable('cache', 'cached_value', jnp.swapaxes(value, 1, 2).astype(self._product_dtype))
+      elif use_cache and self.has_variable('cache', 'cached_key'):  # A decoding step of self-attention.
+        cached_key, cached_value, mask = self._update_self_attention_cache(key, value)
+        output, weights = decoding_attention(query, cached_key, cached_value, mask,
+                                             product_dtype=self._product_dtype)
+        self.sow('intermediates', 'attention_weights', weights)
+        return self._output_projection(output.astype(self.dtype), d_model)
       elif use_cache:
-        key, value, mask = self._update_self_attention_cache(key, value, mask)
+        self._create_self_attention_cache(key, value)
 
     rows, q_len = query.shape[:2]
     if key.shape[0] != rows:
@@ -223,33 +280,41 @@ class MultiHeadAttention(nn.Module):
           query, key, value, mask, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
           deterministic=deterministic, product_dtype=self._product_dtype)
       self.sow('intermediates', 'attention_weights', weights)
-    output = output.reshape(rows, q_len, *output.shape[2:])
+    return self._output_projection(output.reshape(rows, q_len, *output.shape[2:]), d_model)
+
+  def _output_projection(self, output: Array, d_model: int) -> Array:
+    """Concat(head_1..head_h) W^O: [batch, q_len, num_heads, d_v] -> [batch, q_len, d_model]."""
     init = numerics.default_kernel_init(in_axis=(0, 1), out_axis=2)
     kernel = self.param('output', nn.with_logical_partitioning(init, (sharding.HEADS, sharding.KV, sharding.EMBED)),
                         (self.num_heads, self.d_v, d_model))  # W^O
     return numerics.einsum('bqhv,hvm->bqm', output, kernel.astype(self.dtype))
 
-  def _update_self_attention_cache(self, key: Array, value: Array, mask: Array | None):
-    """Writes this step's key/value at the cache index; returns the whole cache and its causal mask.
+  def _create_self_attention_cache(self, key: Array, value: Array) -> None:
+    """Creates the zero K/V cache [batch, kv_heads, max_decode_length, d] in the compute dtype, and its index
+    (the first call, normally under `Transformer.init_cache`, which sees the full [batch, max_decode_length,
+    ...] shapes)."""
+    self.variable('cache', 'cached_key', jnp.zeros, jnp.swapaxes(key, 1, 2).shape, key.dtype)
+    self.variable('cache', 'cached_value', jnp.zeros, jnp.swapaxes(value, 1, 2).shape, value.dtype)
+    self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32))
 
-    The first call (cache creation, normally under `Transformer.init_cache`) sees the full
-    [batch, max_decode_length, ...] shapes and stores zeros; later calls see one position.
+  def _update_self_attention_cache(self, key: Array, value: Array) -> tuple[Array, Array, Array]:
+    """Writes this step's key and value ([batch, 1, kv_heads, d]) at the cache index.
+
+    Returns:
+      (the key cache [batch, kv_heads, max_len, d_k], the value cache [batch, kv_heads, max_len, d_v], and the
+      causal mask bool [1, 1, 1, max_len]).
+
+    Raises:
+      ValueError: for more than one position.
     """
-    is_initialized = self.has_variable('cache', 'cached_key')
-    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, length, heads, d] <-> [batch, heads, length, d]
-    dtype = key.dtype  # The compute dtype the projections return.
-    cached_key = self.variable('cache', 'cached_key', jnp.zeros, heads_first(key).shape, dtype)
-    cached_value = self.variable('cache', 'cached_value', jnp.zeros, heads_first(value).shape, dtype)
-    cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32))
-    if not is_initialized:
-      return key, value, mask
-    max_length = cached_key.value.shape[2]
     if key.shape[1] != 1:
       raise ValueError(f'decoding takes one position per step, got {key.shape[1]}')
+    cached_key, cached_value = self.variable('cache', 'cached_key'), self.variable('cache', 'cached_value')
+    cache_index = self.variable('cache', 'cache_index')
     index = cache_index.value
-    update = lambda cache, x: jax.lax.dynamic_update_slice(cache, heads_first(x).astype(dtype), (0, 0, index, 0))
-    cached_key.value = update(cached_key.value, key)
-    cached_value.value = update(cached_value.value, value)
+    for cache, x in ((cached_key, key), (cached_value, value)):
+      cache.value = jax.lax.dynamic_update_slice(cache.value, jnp.swapaxes(x, 1, 2).astype(cache.value.dtype),
+                                                 (0, 0, index, 0))
     cache_index.value = index + 1
-    mask = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
-    return heads_first(cached_key.value), heads_first(cached_value.value), mask
+    mask = (jnp.arange(cached_key.value.shape[2]) <= index)[None, None, None, :]
+    return cached_key.value, cached_value.value, mask
