@@ -160,5 +160,9 @@ def test_decoding_attention_refuses_what_it_cannot_take():
     attention.decoding_attention(jnp.zeros((2, 2, 4, 8)), cache, cache, None)
   with pytest.raises(ValueError, match=r'broadcast to \[batch, 1, 1, max_len\]'):
     attention.decoding_attention(query, cache, cache, jnp.ones((2, 4, 1, 6), bool))
+  with pytest.raises(ValueError, match=r'broadcast to \[batch, 1, 1, max_len\]'):
+    attention.decoding_attention(query, cache, cache, jnp.ones((2, 1, 1, 5), bool))
   with pytest.raises(ValueError, match='do not fit the query'):
     attention.decoding_attention(query, jnp.zeros((2, 3, 6, 8)), jnp.zeros((2, 3, 6, 8)), None)
+  with pytest.raises(ValueError, match='do not fit the query'):
+    attention.decoding_attention(query, jnp.zeros((3, 2, 6, 8)), jnp.zeros((3, 2, 6, 8)), None)

@@ -150,7 +150,7 @@ def test_the_compilation_cache_loads_back_what_it_stored(tmp_path):
   jax.monitoring.register_event_listener(listener)
   try:
     main.use_compilation_cache(str(tmp_path))
-    jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+    jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)  # Store the tiny program too.
     compilation_cache.reset_cache()
     with warnings.catch_warnings():
       warnings.simplefilter('error')  # A cache read or write that fails warns: fail the test instead.

@@ -125,9 +125,11 @@ def decoding_attention(query: Array, cached_key: Array, cached_value: Array, mas
   kv_heads, max_len = cached_key.shape[1:3]
   if q_len != 1:
     raise ValueError(f'decoding attends from one query position, got {q_len}')
-  if mask is not None and (mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != 1):
+  if mask is not None and (mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != 1
+                           or mask.shape[0] not in (1, batch) or mask.shape[3] not in (1, max_len)):
     raise ValueError(f'a decoding mask must broadcast to [batch, 1, 1, max_len], got shape {mask.shape}')
-  if cached_key.shape[-1] != d_k or num_heads % kv_heads or cached_value.shape[:3] != cached_key.shape[:3]:
+  if (cached_key.shape[0] != batch or cached_key.shape[-1] != d_k or num_heads % kv_heads
+      or cached_value.shape[:3] != cached_key.shape[:3]):
     raise ValueError(f'caches {cached_key.shape} and {cached_value.shape} do not fit the query {query.shape}')
   groups = num_heads // kv_heads
   out_dtype = cached_value.dtype
@@ -177,7 +179,8 @@ class MultiHeadAttention(nn.Module):
     dropout_rate: dropout on the attention weights (not in the paper).
     cross_attention: keys and values come from `memory` (encoder-decoder attention, §3.2.3).
     dtype: compute dtype; parameters are float32.
-    attention_impl: 'xla' (einsum; returns weights for inspection) or 'fused'.
+    attention_impl: 'xla' (einsum; returns weights for inspection) or 'fused'. A decoding step of
+      self-attention uses `decoding_attention` (einsum, weights returned) either way.
     num_kv_heads: heads of W^K and W^V (None: num_heads). Fewer is multi-query (1) or grouped-query
       attention; the decoding cache then holds num_kv_heads heads. Their head axis is the logical
       KV_HEADS, replicated by the default rules (a count below mesh.tensor could not be split), while
@@ -227,7 +230,8 @@ class MultiHeadAttention(nn.Module):
         n consecutive query rows (the beams of one sentence) share each memory row, and the mask is
         broadcastable to [batch / n, num_heads, n * q_len, kv_len].
       deterministic: disables dropout.
-      use_cache: incremental decoding with the 'cache' collection (q_len is 1 after the cache exists).
+      use_cache: incremental decoding with the 'cache' collection (q_len is 1 after the cache exists; a
+        decoding step of self-attention applies no dropout to its weights).
       positions: int [batch, q_len] positions of the queries (self-attention: also of the keys) for
       `position_transform`; None means 0..q_len-1.
 

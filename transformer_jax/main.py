@@ -67,10 +67,9 @@ flags.DEFINE_string('compilation_cache_dir',
                     os.environ.get('TRANSFORMER_JAX_COMPILATION_CACHE', '~/.cache/transformer_jax/xla'),
                     "JAX's persistent compilation cache for train, evaluate, translate and tune_decoding: a rerun, "
                     'a resumed run or an evaluation of the same shapes loads each compiled step (6-16 s of '
-                    'compilation on a 2-core CPU) instead of compiling it (every program; 2 GiB at most, the least '
-                    'recently used dropped first). Empty: no cache. Default: '
+                    'compilation on a 2-core CPU) instead of compiling it (every program; not capped in size: '
+                    'delete the folder to empty it). Empty: no cache. Default: '
                     '$TRANSFORMER_JAX_COMPILATION_CACHE, else ~/.cache/transformer_jax/xla.')
-
 
 
 def use_compilation_cache(directory: str) -> None:
