@@ -3,12 +3,13 @@
   python benchmarks/export_speed.py --workdir=runs/multi30k [--split=test] [--threads=1,2] [--inter_threads=1,2]
       [--beam_size=4 --alpha=1.4] [--concurrent_batches=1,2,4]
 
-Decodes the split with our beam search (the run's decode.beam_size and decode.alpha unless given; twice: the first call
-includes compilation; then once per further --concurrent_batches count), then exports the parameters `eval.checkpoint_selection` chooses to CTranslate2 in
-float32 and int8 (into <workdir>/export_speed/, replaced) and decodes the same sources with each, beam
-decode.beam_size, CTranslate2's default length penalty (1.0: log-probability / length) and at most the longest
-source + decode.extra_length tokens, on each thread count (`intra_threads`) and each count of batches translated at
-once (`inter_threads`: CTranslate2's counterpart of decode.concurrent_batches).
+Decodes the split with our beam search (the run's decode.beam_size and decode.alpha unless given; twice: the
+first call includes compilation; then once per further --concurrent_batches count), then exports the parameters
+`eval.checkpoint_selection` chooses to CTranslate2 in float32 and int8 (into <workdir>/export_speed/, replaced)
+and decodes the same sources with each, beam decode.beam_size, CTranslate2's default length penalty (1.0:
+log-probability / length) and at most the longest source + decode.extra_length tokens, on each thread count
+(`intra_threads`) and each count of batches translated at once (`inter_threads`: CTranslate2's counterpart of
+decode.concurrent_batches).
 Prints one JSON line per row; run it alone on the machine.
 """
 from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
@@ -78,16 +79,16 @@ def main() -> None:
     split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
     counts = ([int(c) for c in args.concurrent_batches.split(',')] if args.concurrent_batches is not None
               else [config.decode.concurrent_batches])
-    for count in counts:
+    for i, count in enumerate(counts):
       config.decode.concurrent_batches = count
       at_once = translation.concurrent_batches_for(count) if jax.device_count() == 1 else 1
-      stop = (f'{config.decode.early_stopping}, decode.tokens_per_batch={config.decode.tokens_per_batch}, '
-              f'decode.compact_every_steps={config.decode.compact_every_steps}, {at_once} batch(es) at once')
+      label = (f'ours, {config.decode.early_stopping}, decode.tokens_per_batch={config.decode.tokens_per_batch}, '
+               f'decode.compact_every_steps={config.decode.compact_every_steps}, {at_once} batch(es) at once')
       # The first call compiles the searches; later ones (and other counts) reuse them.
-      labels = [f'ours, {stop}'] + ([f'ours, {stop} (compilation included)'] if count == counts[0] else [])
-      for label in reversed(labels):
+      for suffix in ([' (compilation included)', ''] if i == 0 else ['']):
         hypotheses, scores, seconds = evaluate.translate_split(config, setup, params, split, alpha=alpha)
-        report(label, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha, steps)
+        report(label + suffix, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha,
+               steps)
   finally:
     setup.close()
   root = os.path.join(args.workdir, 'export_speed')

@@ -36,6 +36,17 @@ def causal_mask(length: int) -> Array:
   return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None, :, :]
 
 
+def _masked_softmax(scores: Array, mask: Array | None) -> Array:
+  """softmax over the last axis of float32 scores where mask allows (broadcast), 0 where it does not.
+
+  A fully masked row has a uniform softmax over -inf-like scores: it is zeroed (and its gradient).
+  """
+  if mask is None:
+    return jax.nn.softmax(scores, axis=-1)
+  weights = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+  return jnp.where(mask, weights, 0.0)
+
+
 def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | None, *,
                           dropout_rate: float = 0.0, dropout_rng: Array | None = None,
                           deterministic: bool = True, product_dtype: Any = None) -> tuple[Array, Array]:
@@ -81,12 +92,7 @@ def dot_product_attention(query: Array, key: Array, value: Array, mask: Array | 
   query = query.reshape(batch, q_len, key.shape[2], groups, query.shape[-1])  # Head i = (i // groups, i % groups).
   scores = numerics.einsum('bqhgd,bkhd->bhgqk', query, key, jnp.float32)
   scores = scores.reshape(batch, num_heads, q_len, key.shape[1])  # [batch, num_heads, q_len, kv_len]
-  if mask is not None:
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=-1)
-  if mask is not None:
-    # A fully masked row has a uniform softmax over -inf-like scores: zero it (and its gradient).
-    weights = jnp.where(mask, weights, 0.0)
+  weights = _masked_softmax(scores, mask)
   if not deterministic and dropout_rate > 0.0:
     weights = numerics.dropout(weights, dropout_rate, dropout_rng)
   grouped_weights = weights.astype(value.dtype).reshape(batch, key.shape[2], groups, q_len, key.shape[1])
@@ -138,11 +144,7 @@ def decoding_attention(query: Array, cached_key: Array, cached_value: Array, mas
   query = query / jnp.sqrt(d_k).astype(query.dtype)
   query = query.reshape(batch, kv_heads, groups, d_k)  # Head i = (i // groups, i % groups).
   scores = numerics.einsum('bhgd,bhkd->bhgk', query, key, jnp.float32)  # [batch, kv_heads, groups, max_len]
-  if mask is not None:
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=-1)
-  if mask is not None:
-    weights = jnp.where(mask, weights, 0.0)
+  weights = _masked_softmax(scores, mask)
   output = numerics.einsum('bhgk,bhkv->bhgv', weights.astype(value.dtype), value)
   output = output.reshape(batch, 1, num_heads, value.shape[-1])
   return output.astype(out_dtype), weights.reshape(batch, num_heads, 1, max_len)

@@ -84,6 +84,7 @@ def use_compilation_cache(directory: str) -> None:
   jax.config.update('jax_compilation_cache_dir', os.path.expanduser(directory))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
 
+
 def main(argv):
   """Runs --mode on --config (see the module docstring).
 
