@@ -1,6 +1,7 @@
 """Beam search at the issue's SMALL shape against CTranslate2 on the same parameters, alternately, in one process.
 
   python benchmarks/decode_peers.py [--config=configs/multi30k.py] [--rounds=5] [--threads=1,2]
+      [--decoding_kernel=xla,cpu]
 
 The model of the config (configs/multi30k.py: SMALL, 3 layers, d_model 256, vocabulary 8,000) with freshly
 initialised parameters decodes 16 synthetic sources of 32 tokens (`benchmark.synthetic_batch`), beam 4, up to
@@ -18,6 +19,7 @@ if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.m
   host_allocator.use_fast_allocator()
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -34,6 +36,7 @@ import numpy as np
 from transformer_jax import benchmark
 from transformer_jax import experiment
 from transformer_jax import export
+from transformer_jax import model as model_lib
 from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
 from transformer_jax import workdir as workdir_lib
@@ -46,6 +49,8 @@ def main() -> None:
   parser.add_argument('--source_length', type=int, default=32)
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--threads', default='1,2', help='CTranslate2 intra_threads, each a decoder of its own')
+  parser.add_argument('--decoding_kernel', default='auto',
+                      help="ours' model.decoding_kernel, each a decoder of its own, e.g. xla,cpu")
   args = parser.parse_args()
   config = workdir_lib.load_config(args.config)
   setup = experiment.compute_setup(config)
@@ -55,13 +60,17 @@ def main() -> None:
   beam, alpha, extra = config.decode.beam_size, config.decode.alpha, config.decode.extra_length
   steps = args.source_length + extra
 
-  decode = jax.jit(lambda p, s: translation.decode_batch(p, s, model=model, beam_size=beam, alpha=alpha,
-                                                         extra_length=extra))
   source_device = jnp.asarray(sources)
-  start = time.perf_counter()
-  tokens = jax.block_until_ready(decode(params, source_device))
-  first_call = time.perf_counter() - start
-  decoders = {'ours': lambda: np.asarray(decode(params, source_device))}
+  decoders, first_call, tokens = {}, {}, {}
+  for kernel in args.decoding_kernel.split(','):
+    name = 'ours' if kernel == 'auto' else f'ours_{kernel}'
+    kernel_model = model_lib.Transformer(dataclasses.replace(cfg, decoding_kernel=kernel))
+    decode = jax.jit(lambda p, s, m=kernel_model: translation.decode_batch(p, s, model=m, beam_size=beam, alpha=alpha,
+                                                                           extra_length=extra))
+    start = time.perf_counter()
+    tokens[name] = np.asarray(jax.block_until_ready(decode(params, source_device)))
+    first_call[name] = time.perf_counter() - start
+    decoders[name] = lambda decode=decode: np.asarray(decode(params, source_device))
   pieces = ['<pad>', '<s>', '</s>', '<unk>'] + [f'p{i}' for i in range(4, cfg.vocab_size)]  # tokenizer_lib's ids.
   source_pieces = [[pieces[i] for i in row] for row in sources]
   root = tempfile.mkdtemp(prefix='decode_peers_')
@@ -77,10 +86,10 @@ def main() -> None:
       decoders[f'ctranslate2_{quantization}_{threads}thread'] = (
           lambda t=translator: t.translate_batch(source_pieces, beam_size=beam, max_batch_size=args.sentences,
                                                  min_decoding_length=steps, max_decoding_length=steps))
-  tokens = np.asarray(tokens)  # EOS excluded, as CTranslate2 returns its hypotheses.
-  lengths = {'ours': float(np.mean(np.sum((tokens != 0) & (tokens != tokenizer_lib.EOS_ID), axis=-1)))}
+  # EOS excluded, as CTranslate2 returns its hypotheses.
+  lengths = {name: float(np.mean(np.sum((t != 0) & (t != tokenizer_lib.EOS_ID), axis=-1))) for name, t in tokens.items()}
   for name, fn in decoders.items():
-    if name != 'ours':
+    if name not in tokens:
       lengths[name] = float(np.mean([len(r.hypotheses[0]) for r in fn()]))
   seconds = {name: [] for name in decoders}
   for _ in range(args.rounds):
@@ -93,7 +102,7 @@ def main() -> None:
                       'mean_output_tokens': round(lengths[name], 1),
                       'sentences_per_sec_median': round(args.sentences / statistics.median(values), 2),
                       'sentences_per_sec_fastest': round(args.sentences / min(values), 2),
-                      **({'first_call_s': round(first_call, 2)} if name == 'ours' else {})}), flush=True)
+                      **({'first_call_s': round(first_call[name], 2)} if name in first_call else {})}), flush=True)
 
 
 if __name__ == '__main__':

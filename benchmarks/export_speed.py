@@ -1,7 +1,7 @@
 """Our beam search against CTranslate2 exports of the same checkpoint: sentences/s and the three BLEUs.
 
   python benchmarks/export_speed.py --workdir=runs/multi30k [--split=test] [--threads=1,2] [--inter_threads=1,2]
-      [--beam_size=4 --alpha=1.4] [--concurrent_batches=1,2,4]
+      [--beam_size=4 --alpha=1.4] [--concurrent_batches=1,2,4] [--decoding_kernel=xla,cpu]
 
 Decodes the split with our beam search (the run's decode.beam_size and decode.alpha unless given; twice: the
 first call includes compilation; then once per further --concurrent_batches count), then exports the parameters
@@ -18,6 +18,7 @@ if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.m
   host_allocator.use_fast_allocator()
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -33,6 +34,7 @@ from transformer_jax import bleu
 from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
+from transformer_jax import model as model_lib
 from transformer_jax import export
 from transformer_jax import translation
 from transformer_jax import workdir as workdir_lib
@@ -58,6 +60,8 @@ def main() -> None:
                       help="ours' decode.tokens_per_batch; default: the run's")
   parser.add_argument('--compact_every_steps', type=int, default=None,
                       help="ours' decode.compact_every_steps (0: no compaction); default: the run's")
+  parser.add_argument('--decoding_kernel', default='auto',
+                      help="ours' model.decoding_kernel, one row each, e.g. xla,cpu (alternated: xla,cpu,xla,cpu)")
   args = parser.parse_args()
   config = workdir_lib.get_config(args.workdir)
   if args.early_stopping is not None:
@@ -79,16 +83,21 @@ def main() -> None:
     split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
     counts = ([int(c) for c in args.concurrent_batches.split(',')] if args.concurrent_batches is not None
               else [config.decode.concurrent_batches])
-    for i, count in enumerate(counts):
+    compiled = set()
+    for kernel, count in itertools.product(args.decoding_kernel.split(','), counts):
       config.decode.concurrent_batches = count
+      model = model_lib.Transformer(dataclasses.replace(setup.model.cfg, decoding_kernel=kernel))
       at_once = translation.concurrent_batches_for(count) if jax.device_count() == 1 else 1
       label = (f'ours, {config.decode.early_stopping}, decode.tokens_per_batch={config.decode.tokens_per_batch}, '
-               f'decode.compact_every_steps={config.decode.compact_every_steps}, {at_once} batch(es) at once')
-      # The first call compiles the searches; later ones (and other counts) reuse them.
-      for suffix in ([' (compilation included)', ''] if i == 0 else ['']):
-        hypotheses, scores, seconds = evaluate.translate_split(config, setup, params, split, alpha=alpha)
+               f'decode.compact_every_steps={config.decode.compact_every_steps}, {at_once} batch(es) at once, '
+               f'model.decoding_kernel={kernel}')
+      # The first call of a kernel setting compiles its searches; later ones (and other counts) reuse them.
+      for suffix in ([' (compilation included)', ''] if kernel not in compiled else ['']):
+        hypotheses, scores, seconds = evaluate.translate_split(config, dataclasses.replace(setup, model=model),
+                                                               params, split, alpha=alpha)
         report(label + suffix, len(hypotheses), seconds, scores, config.decode.alpha if alpha is None else alpha,
                steps)
+      compiled.add(kernel)
   finally:
     setup.close()
   root = os.path.join(args.workdir, 'export_speed')

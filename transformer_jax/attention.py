@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import cpu_kernels
 from transformer_jax import numerics
 from transformer_jax import sharding
 
@@ -194,6 +195,13 @@ class MultiHeadAttention(nn.Module):
       sentence); the self-attention cache holds them in `dtype`, as the projections produce them: a float32
       copy of bf16 values holds no more information, and beam search reorders that cache at every step
       (its costliest part), which copies half the bytes in bf16.
+    decoding_kernel: how a decoding step's attention runs (`ModelConfig.decoding_kernel`): 'xla'
+      (`decoding_attention`, `dot_product_attention`); 'cpu' (`cpu_kernels.decoding_self_attention`, whose
+      cache is never reordered, its `ancestry` is; `cpu_kernels.cross_attention`; no attention weights are
+      sown); 'auto': 'cpu' where JAX's default backend is a single CPU device, the products are in `dtype`
+      and the kernels build, else 'xla'. Encoder-decoder attention takes the kernel only with
+      attention_impl='xla' (whose numbers it keeps). For self-attention decided when the cache is created (its
+      layout says which).
   """
   num_heads: int
   d_k: int
@@ -205,6 +213,7 @@ class MultiHeadAttention(nn.Module):
   num_kv_heads: int | None = None
   position_transform: Any = None
   product_dtype: Any = None
+  decoding_kernel: str = 'auto'
 
   @property
   def _product_dtype(self) -> jnp.dtype:
@@ -247,6 +256,14 @@ class MultiHeadAttention(nn.Module):
     if self.position_transform is not None:
       query = self.position_transform(query, positions)
     if use_cache and self.cross_attention and self.has_variable('cache', 'cached_key'):
+      cached_key, cached_value = self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
+      if (query.shape[1] == 1 and self.attention_impl == 'xla'
+          and (mask is None or (mask.ndim == 4 and mask.shape[1] == mask.shape[2] == 1))
+          and self._use_decoding_kernel(cached_key.dtype)):  # A decoding step on the CPU kernel.
+        valid = (jnp.ones((cached_key.shape[0], cached_key.shape[2]), bool) if mask is None
+                 else jnp.broadcast_to(mask[:, 0, 0, :], (cached_key.shape[0], cached_key.shape[2])))
+        output = cpu_kernels.cross_attention(query[:, 0].astype(cached_key.dtype), cached_key, cached_value, valid)
+        return self._output_projection(output[:, None].astype(self.dtype), d_model)
       key = jnp.swapaxes(self.get_variable('cache', 'cached_key'), 1, 2)
       value = jnp.swapaxes(self.get_variable('cache', 'cached_value'), 1, 2)
     else:
@@ -257,6 +274,8 @@ class MultiHeadAttention(nn.Module):
       if use_cache and self.cross_attention:  # Never reordered: kept in the product dtype, cast once.
         self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(self._product_dtype))
         self.put_variable('cache', 'cached_value', jnp.swapaxes(value, 1, 2).astype(self._product_dtype))
+      elif use_cache and self.has_variable('cache', 'ancestry'):  # A decoding step on the CPU kernel.
+        return self._output_projection(self._kernel_decoding_step(query, key, value).astype(self.dtype), d_model)
       elif use_cache and self.has_variable('cache', 'cached_key'):  # A decoding step of self-attention.
         cached_key, cached_value, mask = self._update_self_attention_cache(key, value)
         output, weights = decoding_attention(query, cached_key, cached_value, mask,
@@ -302,6 +321,40 @@ class MultiHeadAttention(nn.Module):
     self.variable('cache', 'cached_key', jnp.zeros, jnp.swapaxes(key, 1, 2).shape, key.dtype)
     self.variable('cache', 'cached_value', jnp.zeros, jnp.swapaxes(value, 1, 2).shape, value.dtype)
     self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32))
+    if self._use_decoding_kernel(key.dtype):  # Row r's position j is in row r + ancestry[r, j].
+      self.variable('cache', 'ancestry', jnp.zeros, key.shape[:2], jnp.int32)
+
+  def _use_decoding_kernel(self, cache_dtype: Any) -> bool:
+    """Whether this layer's decoding steps run on `cpu_kernels` (`decoding_kernel`).
+
+    Raises:
+      ValueError: for an unknown setting, or 'cpu' where the kernel does not take the dtypes.
+      cpu_kernels.KernelUnavailable: 'cpu' where the kernel cannot be built.
+    """
+    fits = (self._product_dtype == jnp.dtype(cache_dtype) == jnp.dtype(self.dtype)
+            and self._product_dtype in cpu_kernels.DTYPES)
+    if self.decoding_kernel == 'cpu' and not fits:
+      raise ValueError(f"model.decoding_kernel='cpu' needs the attention products in the compute dtype "
+                       f"(bfloat16 or float32), got products {self._product_dtype}, compute {self.dtype}")
+    return fits and cpu_kernels.wanted(self.decoding_kernel)
+
+  def _kernel_decoding_step(self, query: Array, key: Array, value: Array) -> Array:
+    """One step on `cpu_kernels.decoding_self_attention`: query [batch, 1, num_heads, d_k], this step's key
+    and value [batch, 1, kv_heads, d]; writes them at the cache index and returns [batch, 1, num_heads, d_v].
+
+    Raises:
+      ValueError: for more than one position.
+    """
+    if key.shape[1] != 1:
+      raise ValueError(f'decoding takes one position per step, got {key.shape[1]}')
+    cached_key, cached_value, ancestry, cache_index = (
+        self.variable('cache', name) for name in ('cached_key', 'cached_value', 'ancestry', 'cache_index'))
+    dtype = cached_key.value.dtype
+    output, cached_key.value, cached_value.value, ancestry.value = cpu_kernels.decoding_self_attention(
+        query[:, 0].astype(dtype), cached_key.value, cached_value.value, ancestry.value, key[:, 0].astype(dtype),
+        value[:, 0].astype(dtype), cache_index.value)
+    cache_index.value = cache_index.value + 1
+    return output[:, None]
 
   def _update_self_attention_cache(self, key: Array, value: Array) -> tuple[Array, Array, Array]:
     """Writes this step's key and value ([batch, 1, kv_heads, d]) at the cache index.

@@ -187,7 +187,7 @@ def check_data_files(data_config, splits) -> None:
 _EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'export.', 'train.translate_at_end', 'data.eval_split',
                       'data.test_split', 'data.manual_dir', 'data.tfds_data_dir', 'data.train_files',
                       'data.eval_files', 'data.test_files', 'data.tokens_per_batch', 'model.dtype',
-                      'model.attention_impl', 'model.attention_product_dtype')
+                      'model.attention_impl', 'model.attention_product_dtype', 'model.decoding_kernel')
 # Model and data fields that act in training only: a config file's values (today's recipe, say) are not an error.
 _TRAINING_ONLY_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', 'model.remat',
                          'data.bpe_dropout_rate')

@@ -21,8 +21,13 @@ faster, the 1,000 Multi30k test sentences (which stop early) 1.8x (36.2 s -> 20.
 [rows, vocab], where rows is batch_size * beam_size (beam search) or batch_size (greedy). Every cache
 leaf with ndim >= 1 has leading dimension rows; in beam search rows b*beam .. b*beam+beam-1 belong to
 sentence b (see `expand_to_beams`) and are reordered whenever beams are reselected. Leaves with ndim 0
-(e.g. a cache index) are passed through unchanged.
+(e.g. a cache index) are passed through unchanged. A mapping in the cache that holds an `ancestry` entry
+(int32 [rows, positions], `ANCESTRY`) is reordered through it instead: its other leaves stay in place, and
+row r's entries at position j are read from row r + ancestry[r, j] (the model's self-attention cache under
+the CPU decoding kernel, `cpu_kernels`: the reorder then moves 4 bytes per position instead of the keys
+and values).
 """
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -32,6 +37,9 @@ StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 # When a sentence's beam search stops (`beam_search`'s early_stopping).
 EARLY_STOPPING = ('bound', 'finished')
 GrowFn = Callable[[Any, int], Any]
+ANCESTRY = 'ancestry'
+# (logits [rows, vocab], k, *, eos_id, bos_id, pad_id) -> (lse, top_logits, top_tokens, eos_logit): `extension_scores`.
+ScoresFn = Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array]]
 
 
 class BeamState(NamedTuple):
@@ -103,15 +111,12 @@ def _check_args(cache: Any, rows: int, max_decode_lengths: Any, batch_size: int,
   return jnp.clip(lengths, 1, max_steps)
 
 
-def _logits(step_fn: StepFn, last_tokens: jax.Array, cache: Any, bos_id: int,
-            pad_id: int) -> tuple[jax.Array, jax.Array, Any]:
-  """Calls step_fn; returns float32 logits [rows, vocab] with PAD and BOS at -inf, their log-sum-exp
-  [rows] (log-probs are logits - lse[:, None]; never materialised over the vocabulary), new cache."""
+def _logits(step_fn: StepFn, last_tokens: jax.Array, cache: Any, bos_id: int, pad_id: int) -> tuple[jax.Array, Any]:
+  """Calls step_fn; returns float32 logits [rows, vocab] with PAD and BOS at -inf, and the new cache."""
   logits, cache = step_fn(last_tokens, cache)
   vocab = jnp.arange(logits.shape[-1])
   banned = ((vocab == pad_id) | (vocab == bos_id))[None, :]  # [1, vocab]
-  logits = jnp.where(banned, -jnp.inf, logits.astype(jnp.float32))
-  return logits, jax.nn.logsumexp(logits, axis=-1), cache
+  return jnp.where(banned, -jnp.inf, logits.astype(jnp.float32)), cache
 
 
 def _top_k(x: jax.Array, k: int, block: int = 64) -> tuple[jax.Array, jax.Array]:
@@ -155,7 +160,29 @@ class _Candidates(NamedTuple):
     return _Candidates(*(jnp.take_along_axis(x, index, axis=1) for x in self))
 
 
-def _candidates(live_log_probs: jax.Array, logits: jax.Array, lse: jax.Array, eos_id: int) -> _Candidates:
+def extension_scores(logits: jax.Array, k: int, *, eos_id: int, bos_id: int,
+                     pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """What a beam step reads of step_fn's logits (§6.1 beam search): the contract of `beam_search`'s scores_fn.
+
+  Args:
+    logits: [rows, vocab], float32 or bfloat16.
+    k: how many of the best tokens to return, 1 <= k <= vocab.
+    eos_id, bos_id, pad_id: the special ids; PAD and BOS are never generated.
+
+  Returns:
+    (lse float32 [rows], the log-sum-exp over the tokens other than PAD and BOS; float32 [rows, k] the largest
+    logits of the tokens other than PAD, BOS and EOS, best first, and int32 [rows, k] their ids, ties to the
+    lowest id as `jax.lax.top_k`; float32 [rows] the EOS logit). Log-probabilities are logits - lse, never
+    materialised over the vocabulary.
+  """
+  vocab = jnp.arange(logits.shape[-1])
+  logits = jnp.where(((vocab == pad_id) | (vocab == bos_id))[None, :], -jnp.inf, logits.astype(jnp.float32))
+  top_logits, top_tokens = _top_k(jnp.where((vocab == eos_id)[None, :], -jnp.inf, logits), k)
+  return jax.nn.logsumexp(logits, axis=-1), top_logits, top_tokens, logits[:, eos_id]
+
+
+def _candidates(live_log_probs: jax.Array, lse: jax.Array, top_logits: jax.Array, top_tokens: jax.Array,
+                eos_logit: jax.Array, eos_id: int) -> _Candidates:
   """The extensions a beam step can select from: per live hypothesis, its beam_size most probable non-EOS
   extensions and its EOS extension.
 
@@ -165,18 +192,17 @@ def _candidates(live_log_probs: jax.Array, logits: jax.Array, lse: jax.Array, eo
 
   Args:
     live_log_probs: float32 [batch, beam].
-    logits, lse: float32 [batch * beam, vocab] and [batch * beam], from `_logits`.
+    lse, top_logits, top_tokens, eos_logit: of the batch * beam rows, from `extension_scores` with
+      k = min(beam, vocab).
     eos_id: end-of-sentence id.
 
   Returns:
-    [batch, beam * (k + 1)] candidates, k = min(beam, vocab), ordered by parent, then the parent's
-    extensions best-first, then its EOS extension.
+    [batch, beam * (k + 1)] candidates, ordered by parent, then the parent's extensions best-first, then its
+    EOS extension.
   """
   batch_size, beam_size = live_log_probs.shape
-  k = min(beam_size, logits.shape[-1])
-  is_eos = jnp.arange(logits.shape[-1]) == eos_id
-  top_logits, top_tokens = _top_k(jnp.where(is_eos[None, :], -jnp.inf, logits), k)  # [rows, k]
-  logits = jnp.concatenate([top_logits, logits[:, eos_id:eos_id + 1]], axis=1)  # [rows, k + 1]
+  k = top_logits.shape[-1]
+  logits = jnp.concatenate([top_logits, eos_logit[:, None]], axis=1)  # [rows, k + 1]
   tokens = jnp.concatenate([top_tokens, jnp.full_like(top_tokens[:, :1], eos_id)], axis=1)
   log_probs = live_log_probs[:, :, None] + (logits - lse[:, None]).reshape(batch_size, beam_size, k + 1)
   parent = jnp.broadcast_to(jnp.arange(beam_size, dtype=jnp.int32)[None, :, None], log_probs.shape)
@@ -191,9 +217,22 @@ def _extend(live_seqs: jax.Array, chosen: _Candidates, step: jax.Array) -> jax.A
 
 
 def _reorder_cache(cache: Any, parent: jax.Array, beam_size: int) -> Any:
-  """Gathers the cache rows of the parent beams; parent is int [batch, beam] in [0, beam)."""
+  """Gathers the cache rows of the parent beams; parent is int [batch, beam] in [0, beam).
+
+  A mapping with an `ANCESTRY` entry keeps its other leaves in place: row r is to read what row rows[r] read,
+  so its ancestry becomes rows[r]'s, shifted by rows[r] - r.
+  """
   rows = (jnp.arange(parent.shape[0])[:, None] * beam_size + parent).reshape(-1)  # [batch*beam]
-  return jax.tree.map(lambda x: x if jnp.ndim(x) == 0 else x.at[rows].get(mode='promise_in_bounds'), cache)
+  gather = lambda x: x if jnp.ndim(x) == 0 else x.at[rows].get(mode='promise_in_bounds')
+
+  shift = (rows - jnp.arange(rows.shape[0], dtype=rows.dtype)).astype(jnp.int32)[:, None]
+  follows_ancestry = lambda tree: isinstance(tree, Mapping) and ANCESTRY in tree
+
+  def reorder(tree):
+    if follows_ancestry(tree):
+      return type(tree)({**tree, ANCESTRY: gather(tree[ANCESTRY]) + shift})
+    return gather(tree)
+  return jax.tree.map(reorder, cache, is_leaf=follows_ancestry)
 
 
 def _update_finished(state: BeamState, candidates: _Candidates, finishing: jax.Array,
@@ -236,14 +275,16 @@ def _no_live_can_win(live_log_probs: jax.Array, finished_scores: jax.Array, leng
 
 
 def _beam_step(state: BeamState, step_fn: StepFn, alpha: float, special_ids: tuple[int, int, int],
-               early_stopping: str) -> BeamState:
+               early_stopping: str, scores_fn: ScoresFn | None) -> BeamState:
   """Extends every live hypothesis by one token and reselects the live and finished beams."""
   eos_id, bos_id, pad_id = special_ids
   max_lengths = state.max_lengths
   beam_size = state.live_log_probs.shape[1]
   last = jnp.where(state.step > 0, state.live_seqs[:, :, jnp.maximum(state.step - 1, 0)], bos_id)
-  logits, lse, cache = _logits(step_fn, last.reshape(-1), state.cache, bos_id, pad_id)
-  candidates = _candidates(state.live_log_probs, logits, lse, eos_id)  # [batch, n] each
+  logits, cache = step_fn(last.reshape(-1), state.cache)
+  scores = (scores_fn or extension_scores)(logits, min(beam_size, logits.shape[-1]), eos_id=eos_id, bos_id=bos_id,
+                                           pad_id=pad_id)
+  candidates = _candidates(state.live_log_probs, *scores, eos_id)  # [batch, n] each
   length = state.step + 1  # |Y| of every candidate.
   is_eos = candidates.token == eos_id
   at_limit = (length >= max_lengths)[:, None]  # [batch, 1]
@@ -320,13 +361,14 @@ def init_beam_search(cache: Any, *, batch_size: int, beam_size: int, max_decode_
 
 
 def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.Array, alpha: float,
-                         eos_id: int, bos_id: int, pad_id: int = 0, early_stopping: str = 'bound') -> BeamState:
+                         eos_id: int, bos_id: int, pad_id: int = 0, early_stopping: str = 'bound',
+                         scores_fn: ScoresFn | None = None) -> BeamState:
   """Beam steps while state.step < until and some sentence is not done (one `jax.lax.while_loop`).
 
   Args:
     state: from `init_beam_search`, a previous call, or `take_sentences`. Where step_fn's cache has a fixed
       number of positions (the model's self-attention cache), it must hold at least `until` of them.
-    step_fn, alpha, eos_id, bos_id, pad_id, early_stopping: as in `beam_search`.
+    step_fn, alpha, eos_id, bos_id, pad_id, early_stopping, scores_fn: as in `beam_search`.
     until: int32 [] step count to stop at (at most the max_steps of `init_beam_search`); it may be traced,
       so that one compiled loop stops at any step.
 
@@ -338,7 +380,8 @@ def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.
   """
   if early_stopping not in EARLY_STOPPING:
     raise ValueError(f'early_stopping must be one of {EARLY_STOPPING}, got {early_stopping!r}')
-  return _run_until(state, lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping),
+  return _run_until(state, lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping,
+                                                scores_fn),
                     until)
 
 
@@ -382,7 +425,8 @@ def take_sentences(state: BeamState | GreedyState, index: jax.Array) -> BeamStat
 def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int, alpha: float,
                 max_decode_lengths: jax.Array, max_steps: int, eos_id: int, bos_id: int,
                 pad_id: int = 0, cache_stages: Sequence[int] = (),
-                grow_cache: GrowFn | None = None, early_stopping: str = 'bound') -> tuple[jax.Array, jax.Array]:
+                grow_cache: GrowFn | None = None, early_stopping: str = 'bound',
+                scores_fn: ScoresFn | None = None) -> tuple[jax.Array, jax.Array]:
   """Beam search with length penalty (Sec. 6.1: beam 4, alpha 0.6, max length = input length + 50).
 
   The paper takes the length penalty from Wu et al. (2016, GNMT): a hypothesis Y is scored
@@ -419,6 +463,8 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
     grow_cache: grow_cache(cache, n) returns the cache enlarged to hold n positions (called with each
       stage's last step count, the first stage's included); needed when cache_stages is given.
     early_stopping: 'bound' or 'finished' (EARLY_STOPPING), see above.
+    scores_fn: what a step reads of the logits, with `extension_scores`' signature and results; None:
+      `extension_scores` (e.g. `cpu_kernels.beam_scores`, one pass over the vocabulary on a CPU).
 
   Returns:
     tokens: int32 [batch, beam_size, max_steps], best-first; EOS-ended or exactly L_b tokens, PAD
@@ -434,13 +480,13 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
   special = dict(eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
   state = init_beam_search(cache, batch_size=batch_size, beam_size=beam_size, max_decode_lengths=max_decode_lengths,
                            max_steps=max_steps, **special)
-  step = lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping)
+  step = lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping, scores_fn)
   return beam_search_output(_run_stages(state, step, max_steps, cache_stages, grow_cache), pad_id)
 
 
 def _greedy_step(state: GreedyState, step_fn: StepFn, special_ids: tuple[int, int, int]) -> GreedyState:
   eos_id, bos_id, pad_id = special_ids
-  logits, _, cache = _logits(step_fn, state.last_tokens, state.cache, bos_id, pad_id)
+  logits, cache = _logits(step_fn, state.last_tokens, state.cache, bos_id, pad_id)
   token = jnp.where(state.done, pad_id, jnp.argmax(logits, axis=-1).astype(jnp.int32))
   tokens = state.tokens.at[:, state.step].set(token)
   length = state.step + 1

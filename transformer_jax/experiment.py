@@ -332,7 +332,8 @@ _FIELDS_ADDED_LATER = {'norm': 'layer_norm', 'feed_forward': 'relu', 'num_kv_hea
 
 def _fingerprint(config, model_cfg: model_lib.ModelConfig) -> dict:
   model = dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None}
-  del model['attention_product_dtype']  # Changes no parameter; absent from older fingerprints, so left out.
+  del model['attention_product_dtype'], model['decoding_kernel']  # Change no parameter; absent from older
+  # fingerprints, so left out.
   model = {key: value for key, value in model.items()
            if key not in _FIELDS_ADDED_LATER or value != _FIELDS_ADDED_LATER[key]}
   return {'model': model,

@@ -23,6 +23,7 @@ Norm = Literal['layer_norm', 'rms_norm']
 FeedForwardKind = Literal['relu', 'gelu', 'swiglu', 'geglu']
 Dtype = Literal['float32', 'bfloat16']
 AttentionImpl = Literal['xla', 'fused']
+DecodingKernel = Literal['auto', 'cpu', 'xla']
 AttentionProductDtype = Literal['compute', 'float32']
 
 
@@ -62,6 +63,10 @@ class ModelConfig:
   # (XLA:CPU multiplies batched bf16 products slowly: the CPU configs set it). Also the dtype of the
   # encoder-decoder attention's decoding cache; the self-attention cache is always dtype.
   attention_product_dtype: AttentionProductDtype = 'compute'
+  # How a decoding step's attention and beam scores run (`attention.MultiHeadAttention`, `translation`): 'cpu',
+  # the C++ kernels of `cpu_kernels` (built on first use); 'xla'; 'auto': the kernels on a single CPU device
+  # where they build.
+  decoding_kernel: DecodingKernel = 'auto'
 
   def __post_init__(self):
     for name in ('vocab_size', 'num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'max_length'):
@@ -108,12 +113,30 @@ def segment_ids_from_tokens(tokens: Array) -> Array:
   return (tokens != 0).astype(jnp.int32)
 
 
+def params_in_compute_dtype(params: Any, cfg: ModelConfig) -> Any:
+  """The parameters with two or more dimensions (projection kernels, embedding tables) in the compute dtype.
+
+  Every use of those casts them to cfg.compute_dtype, so the model computes the same with either; norm
+  scales and biases (1-D) stay float32. For loops such as a search's decoding steps: XLA:CPU does not hoist
+  the casts out of a while loop (docs/performance.md, session 16).
+
+  Args:
+    params: the model's parameter tree, float32.
+    cfg: its config.
+
+  Returns:
+    The same tree, leaves of ndim >= 2 in cfg.compute_dtype.
+  """
+  return jax.tree.map(lambda p: p.astype(cfg.compute_dtype) if jnp.ndim(p) >= 2 else p, params)
+
+
 def grow_decoding_cache(cache: Any, length: int) -> Any:
   """Enlarges every self-attention K/V cache of a 'cache' collection to hold `length` positions.
 
   Self-attention caches are the modules with a `cache_index`; their `cached_key`/`cached_value` are
-  [rows, num_heads, positions, d] (`attention.MultiHeadAttention`). The new positions are zeros, masked
-  until decoding writes them. Other entries (encoder-decoder K/V, indices) are returned as they are.
+  [rows, num_heads, positions, d] and their `ancestry` (with the CPU decoding kernel) [rows, positions]
+  (`attention.MultiHeadAttention`). The new positions are zeros, masked until decoding writes them. Other
+  entries (encoder-decoder K/V, indices) are returned as they are.
 
   Args:
     cache: the 'cache' collection of a Transformer, or a part of it (nested dicts).
@@ -130,11 +153,13 @@ def grow_decoding_cache(cache: Any, length: int) -> Any:
   if 'cache_index' not in cache:
     return {name: grow_decoding_cache(value, length) for name, value in cache.items()}
 
-  def grow(x):
-    if x.shape[2] > length:
-      raise ValueError(f'cannot shrink a decoding cache of {x.shape[2]} positions to {length}')
-    return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
-  return {name: grow(value) if name in ('cached_key', 'cached_value') else value for name, value in cache.items()}
+  def grow(x, axis):
+    if x.shape[axis] > length:
+      raise ValueError(f'cannot shrink a decoding cache of {x.shape[axis]} positions to {length}')
+    return jnp.pad(x, [(0, length - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)])
+  position_axis = {'cached_key': 2, 'cached_value': 2, 'ancestry': 1}
+  return {name: grow(value, position_axis[name]) if name in position_axis else value
+          for name, value in cache.items()}
 
 
 class Embedder(nn.Module):
@@ -159,7 +184,7 @@ def _layer_kwargs(cfg: ModelConfig) -> dict[str, Any]:
               layer_norm_position=cfg.layer_norm_position, dtype=cfg.compute_dtype,
               attention_impl=cfg.attention_impl, norm=cfg.norm, feed_forward=cfg.feed_forward,
               num_kv_heads=cfg.num_kv_heads, rope=cfg.position_embedding == 'rope',
-              attention_product_dtype=cfg.product_dtype)
+              attention_product_dtype=cfg.product_dtype, decoding_kernel=cfg.decoding_kernel)
 
 
 def _remat(layer_cls: type[nn.Module], static: tuple[str, ...]) -> type[nn.Module]:

@@ -21,6 +21,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax import cpu_kernels
 from transformer_jax import decoding
 from transformer_jax import model as model_lib
 from transformer_jax import tokenizer as tokenizer_lib
@@ -86,6 +87,7 @@ def _continue(params: Any, state: Any, context: tuple[Array, Array, dict], until
               model: model_lib.Transformer, alpha: float, early_stopping: str, cache_length: int) -> Any:
   """The search's steps until `until` (or every sentence done), the cache grown to cache_length first."""
   memory, source_segment_ids, fixed = context
+  params = model_lib.params_in_compute_dtype(params, model.cfg)  # Once, not at every step.
 
   def step_fn(last_tokens, cache):
     logits, new_variables = model.apply(
@@ -97,6 +99,8 @@ def _continue(params: Any, state: Any, context: tuple[Array, Array, dict], until
   if isinstance(state, decoding.GreedyState):
     return decoding.continue_greedy_search(state, step_fn, until=until, **_SPECIAL_IDS)
   return decoding.continue_beam_search(state, step_fn, until=until, alpha=alpha, early_stopping=early_stopping,
+                                       scores_fn=cpu_kernels.beam_scores if cpu_kernels.wanted(model.cfg.decoding_kernel)
+                                       else None,
                                        **_SPECIAL_IDS)
 
 

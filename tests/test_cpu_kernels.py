@@ -1,0 +1,215 @@
+"""The C++ decoding kernels (cpu_kernels): the XLA path's numbers, and the same translations."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.test_evaluate import SOURCE, init_params, make_model
+from transformer_jax import attention
+from transformer_jax import cpu_kernels
+from transformer_jax import decoding
+from transformer_jax import model as model_lib
+from transformer_jax import translation
+
+
+@pytest.fixture(name='kernels')
+def fixture_kernels():
+  """Builds the kernels once per test session (conftest gives it its own folder); skips without a compiler."""
+  if not cpu_kernels.available():
+    pytest.skip('the CPU kernels do not build here (no C++ compiler?)')
+
+
+def gathered_step(query, key_cache, value_cache, new_key, new_value, parent, index):
+  """The XLA path of a beam step: caches gathered for the parents, the position written, then attention."""
+  key_cache, value_cache = key_cache[parent], value_cache[parent]
+  key_cache = jax.lax.dynamic_update_slice(key_cache, new_key[:, :, None], (0, 0, index, 0))
+  value_cache = jax.lax.dynamic_update_slice(value_cache, new_value[:, :, None], (0, 0, index, 0))
+  mask = (jnp.arange(key_cache.shape[2]) <= index)[None, None, None, :]
+  output, _ = attention.decoding_attention(query[:, None], key_cache, value_cache, mask)
+  return output[:, 0], key_cache, value_cache
+
+
+@pytest.mark.usefixtures('kernels')
+@pytest.mark.parametrize('dtype, tolerance', [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)])
+@pytest.mark.parametrize('kv_heads', [4, 2, 1])
+def test_kernel_steps_equal_the_xla_path_with_beams_reordered(dtype, tolerance, kv_heads):
+  """Eight steps of a beam search over 3 sentences x beam 4, each step's parents drawn at random within the
+  sentence, in one compiled loop (the caches updated in place): the kernel, which never moves its cache and
+  reorders the ancestry instead, gives the output of the XLA path, which gathers the whole cache at every step
+  (multi-head, grouped-query, multi-query)."""
+  rng = np.random.default_rng(0)
+  beam, rows, heads, max_len, d = 4, 12, 4, 8, 64
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+  queries, new_keys, new_values = draw(max_len, rows, heads, d), draw(max_len, rows, kv_heads, d), draw(
+      max_len, rows, kv_heads, d)
+  parents = jnp.asarray(rng.integers(0, beam, (max_len, rows // beam, beam)))
+  empty = jnp.zeros((rows, kv_heads, max_len, d), dtype)
+
+  @jax.jit
+  def both(queries, new_keys, new_values, parents):
+    def step(carry, x):
+      reference, kernel, ancestry = carry
+      index, query, new_key, new_value, parent = x
+      rows_of = (jnp.arange(rows // beam)[:, None] * beam + parent).reshape(-1)
+      expected, *reference = gathered_step(query, *reference, new_key, new_value, rows_of, index)
+      ancestry = decoding._reorder_cache({'ancestry': ancestry}, parent, beam)['ancestry']
+      output, *kernel, ancestry = cpu_kernels.decoding_self_attention(query, *kernel, ancestry, new_key,
+                                                                     new_value, index)
+      return (tuple(reference), tuple(kernel), ancestry), (output, expected)
+    init = ((empty, empty), (empty, empty), jnp.zeros((rows, max_len), jnp.int32))
+    return jax.lax.scan(step, init, (jnp.arange(max_len), queries, new_keys, new_values, parents))
+
+  (reference, kernel, ancestry), (outputs, expected) = both(queries, new_keys, new_values, parents)
+  np.testing.assert_allclose(np.asarray(outputs, np.float32), np.asarray(expected, np.float32),
+                             rtol=tolerance, atol=tolerance)
+  # Followed through the ancestry, the kernel's cache holds the gathered cache's values.
+  source_rows = np.arange(rows)[:, None] + np.asarray(ancestry)  # [rows, max_len]
+  held = np.asarray(kernel[0], np.float32)[source_rows, :, np.arange(max_len)[None, :]]  # [rows, max_len, kv, d]
+  np.testing.assert_array_equal(held.transpose(0, 2, 1, 3), np.asarray(reference[0], np.float32))
+
+
+@pytest.mark.usefixtures('kernels')
+def test_bad_indices_fail_at_run_time_without_reading_outside_the_cache():
+  rows, max_len = 2, 3
+  query, new = jnp.zeros((rows, 1, 64)), jnp.zeros((rows, 1, 64))
+  cache = jnp.zeros((rows, 1, max_len, 64))
+  call = lambda ancestry, index: jax.block_until_ready(cpu_kernels.decoding_self_attention(
+      query, cache, cache, jnp.asarray(ancestry, jnp.int32), new, new, index))
+  with pytest.raises(jax.errors.JaxRuntimeError, match='cache index 3 outside'):
+    call(np.zeros((rows, max_len)), 3)
+  with pytest.raises(jax.errors.JaxRuntimeError, match='ancestry points outside'):
+    call([[0, 0, 0], [1, 0, 0]], 1)  # Row 1, position 0: row 2 of 2.
+
+
+def test_reorder_moves_the_ancestry_not_the_cache():
+  """Rows 0, 1 of sentence 0 take beams 1, 1 and rows 2, 3 of sentence 1 take beams 1, 0: the caches under an
+  'ancestry' entry (also inside a tuple) stay where they are, the ancestry is the parent's shifted by
+  (parent row - row)."""
+  key = jnp.arange(4.0)[:, None, None, None] * jnp.ones((4, 1, 3, 2))
+  layer = {'cached_key': key, 'cache_index': jnp.int32(2),
+           'ancestry': jnp.asarray([[0, 1, 0], [0, 0, 0], [0, 1, 0], [0, -1, 0]], jnp.int32)}
+  out = decoding._reorder_cache(({'layer': layer}, jnp.arange(4.0)), jnp.asarray([[1, 1], [1, 0]]), beam_size=2)
+  np.testing.assert_array_equal(out[0]['layer']['cached_key'], key)
+  np.testing.assert_array_equal(out[0]['layer']['ancestry'], [[1, 1, 1], [0, 0, 0], [1, 0, 1], [-1, 0, -1]])
+  np.testing.assert_array_equal(out[1], [1, 1, 3, 2])  # Elsewhere rows are gathered as before.
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures('kernels')
+@pytest.mark.parametrize('overrides, beam_size', [
+    ({}, 3), (dict(dtype='bfloat16', num_kv_heads=1, position_embedding='rope'), 3), ({}, 1)])
+def test_kernels_decode_the_same_translations(overrides, beam_size):
+  """Whole searches (cache stages, and compaction, which gathers whole sentences' rows with their ancestry;
+  greedy where beam_size is 1 without scores) give the same tokens and scores on the kernels as on XLA."""
+  source = np.concatenate([SOURCE, SOURCE[::-1], SOURCE], axis=0)
+  results = {}
+  for kernel in ('cpu', 'xla'):
+    model = make_model(decoding_kernel=kernel, **overrides)
+    params = init_params(model, seed=3)
+    common = dict(model=model, beam_size=beam_size, alpha=0.6, extra_length=9, cache_stages=(4, 8))
+    plain = translation.decode_batch(params, jnp.asarray(source), with_scores=True, **common)
+    compacted = translation.decode_batch_compacted(params, source, compact_every_steps=2, min_size=2,
+                                                   with_scores=beam_size > 1, **common)
+    compacted = compacted if isinstance(compacted, tuple) else (compacted,)
+    results[kernel] = [np.asarray(x) for x in (*plain, *compacted)]
+  for got, expected in zip(results['cpu'], results['xla']):
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def self_attention_cache_names(**overrides):
+  model = make_model(**overrides)
+  memory = jnp.zeros((2, SOURCE.shape[1], 16))
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), memory, jnp.asarray(SOURCE != 0, jnp.int32), 5,
+                                             2, method='init_cache')['cache'])
+  return sorted(shapes['decoder']['layer_0']['self_attention'])
+
+
+XLA_LAYOUT = ['cache_index', 'cached_key', 'cached_value']
+KERNEL_LAYOUT = ['ancestry', 'cache_index', 'cached_key', 'cached_value']
+
+
+@pytest.mark.usefixtures('kernels')
+def test_auto_uses_the_kernels_on_one_cpu_device_only(monkeypatch):
+  """This process has 8 CPU devices (conftest): 'auto' keeps the XLA layout; on one device it takes the
+  kernel's; 'cpu' always does; float32 products with a bf16 compute dtype fit no kernel."""
+  assert jax.device_count() == 8
+  assert self_attention_cache_names(decoding_kernel='auto') == XLA_LAYOUT
+  assert self_attention_cache_names(decoding_kernel='cpu') == KERNEL_LAYOUT
+  monkeypatch.setattr(jax, 'device_count', lambda: 1)
+  assert self_attention_cache_names(decoding_kernel='auto') == KERNEL_LAYOUT
+  assert self_attention_cache_names(decoding_kernel='auto', dtype='bfloat16',
+                                    attention_product_dtype='float32') == XLA_LAYOUT
+  with pytest.raises(ValueError, match="decoding_kernel='cpu' needs the attention products"):
+    self_attention_cache_names(decoding_kernel='cpu', dtype='bfloat16', attention_product_dtype='float32')
+
+
+def test_auto_falls_back_to_xla_without_the_kernels(monkeypatch):
+  monkeypatch.setattr(jax, 'device_count', lambda: 1)
+  monkeypatch.setattr(cpu_kernels, 'available', lambda: False)
+  assert self_attention_cache_names(decoding_kernel='auto') == XLA_LAYOUT
+
+
+def test_grow_decoding_cache_pads_the_ancestry():
+  cache = {'cached_key': jnp.ones((2, 1, 3, 4)), 'cached_value': jnp.ones((2, 1, 3, 4)),
+           'cache_index': jnp.int32(3), 'ancestry': jnp.ones((2, 3), jnp.int32)}
+  grown = model_lib.grow_decoding_cache(cache, 5)
+  assert grown['ancestry'].shape == (2, 5) and grown['cached_key'].shape == (2, 1, 5, 4)
+  np.testing.assert_array_equal(grown['ancestry'][:, 3:], 0)
+
+
+def test_a_missing_compiler_is_reported_not_crashed(monkeypatch, tmp_path):
+  monkeypatch.setenv('CXX', str(tmp_path / 'no-such-compiler'))
+  with pytest.raises(cpu_kernels.KernelUnavailable, match='does not run'):
+    cpu_kernels._build()
+
+
+def test_bad_dtypes_are_refused_before_the_call():
+  x = jnp.zeros((2, 1, 4), jnp.float16)
+  with pytest.raises(ValueError, match='bfloat16 or float32'):
+    cpu_kernels.decoding_self_attention(x, jnp.zeros((2, 1, 3, 4), jnp.float16), jnp.zeros((2, 1, 3, 4), jnp.float16),
+                                        jnp.zeros((2, 3), jnp.int32), x[:, :1], x[:, :1], 0)
+
+
+@pytest.mark.usefixtures('kernels')
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_beam_scores_equal_the_xla_path(dtype):
+  """Log-sum-exp, the k best non-special tokens (with ties, which go to the lowest id, as lax.top_k) and the
+  EOS logit, on rows where the best logit is EOS's, BOS's or PAD's, a row of equal logits, a row with +inf;
+  and a vocabulary shorter than one block, with k equal to it."""
+  rng = np.random.default_rng(1)
+  logits = rng.standard_normal((7, 300)).astype(np.float32) * 4
+  logits[1, 2] = logits[2, 1] = logits[3, 0] = 50.0  # EOS / BOS / PAD best (EOS 2, BOS 1, PAD 0 below).
+  logits[4, 100:110] = logits[4].max() + 1  # Ten tied best tokens.
+  logits[5] = 0.25
+  logits[6, 7] = np.inf
+  special = dict(eos_id=2, bos_id=1, pad_id=0)
+  for x, k in ((logits, 4), (logits[:2, :10], 10)):
+    x = jnp.asarray(x, dtype)
+    got, expected = cpu_kernels.beam_scores(x, k, **special), decoding.extension_scores(x, k, **special)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-6)  # Log-sum-exp: float32 rounding apart.
+    for g, e in zip(got[1:], expected[1:]):
+      np.testing.assert_array_equal(g, e)
+  np.testing.assert_array_equal(got[2][0, 7:], [0, 1, 2])  # PAD, BOS, EOS last, at -inf, in id order.
+  got = cpu_kernels.beam_scores(jnp.asarray(logits, dtype), 4, **special)
+  np.testing.assert_array_equal(got[2][4], [100, 101, 102, 103])
+  np.testing.assert_array_equal(got[2][5], [3, 4, 5, 6])
+
+
+@pytest.mark.usefixtures('kernels')
+@pytest.mark.parametrize('dtype, tolerance', [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)])
+@pytest.mark.parametrize('kv_heads', [4, 1])
+def test_cross_attention_equals_the_xla_path(dtype, tolerance, kv_heads):
+  """3 sentences x beam 2 against memories of 5 positions, one sentence with 2 padded positions and one with
+  all 5 padded (zeros out, as the XLA path's fully masked rows)."""
+  rng = np.random.default_rng(2)
+  batch, beam, heads, src_len, d = 3, 2, 4, 5, 64
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+  query, key, value = draw(batch * beam, heads, d), draw(batch, kv_heads, src_len, d), draw(batch, kv_heads, src_len, d)
+  valid = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], bool)
+  got = cpu_kernels.cross_attention(query, key, value, valid)
+  folded = query.reshape(batch, beam, heads, d)  # The beams of a sentence as its query positions.
+  expected, _ = attention.dot_product_attention(folded, jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2),
+                                                valid[:, None, None, :])
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected.reshape(got.shape), np.float32),
+                             rtol=tolerance, atol=tolerance)
+  np.testing.assert_array_equal(np.asarray(got[4:], np.float32), 0.0)

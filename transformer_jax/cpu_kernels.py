@@ -1,0 +1,245 @@
+"""Hand-written CPU kernels of a beam-search step (§3.2, §6.1) as XLA FFI custom calls.
+
+Why (docs/performance.md, sessions 15-16): on XLA:CPU half of a decoding step went to the self-attention cache,
+which XLA reorders for the chosen beams, writes the step's position into and feeds to the one-query products,
+each through a float32 copy of the whole bf16 cache; and a fifth to five passes over the logits. In
+`decoding_attention.cc` (beside this file):
+  * `decoding_self_attention`: a cache that is never moved; each row writes its own key and value once per
+    position, and beam search reorders a small int32 `ancestry` [rows, max_len] instead (row r's position j
+    lives in row r + ancestry[r, j]), which the kernel follows when it reads;
+  * `cross_attention`: the encoder-decoder attention of a step, the beams of a sentence on its memory row;
+  * `beam_scores`: what a beam step reads of the logits, in one pass over each row.
+With them a 40-sentence step of the main job's model took 4.7 ms against 8 ms, and test_2016_flickr decoded at
+432-480 sentences/s against 248-281.
+
+The kernel is compiled on first use with the system's C++ compiler (`$CXX`, else `c++` or `g++`) for the CPU
+it runs on (`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default ~/.cache/transformer_jax/kernels),
+keyed by the source, flags, compiler, jaxlib version and CPU, and registered with XLA for the CPU platform.
+Without a compiler, `available()` is False and the model decodes with the XLA path
+(`ModelConfig.decoding_kernel`).
+"""
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+Array = jax.Array
+
+_SOURCE = pathlib.Path(__file__).with_name('decoding_attention.cc')
+_FLAGS = ('-O3', '-march=native', '-mprefer-vector-width=512', '-fno-math-errno', '-fassociative-math', '-fno-signed-zeros',
+          '-fno-trapping-math', '-shared', '-fPIC', '-std=c++17', '-w')
+_TARGETS = {jnp.dtype(jnp.bfloat16): ('transformer_jax_decoding_attention_bf16', 'DecodingAttentionBF16'),
+            jnp.dtype(jnp.float32): ('transformer_jax_decoding_attention_f32', 'DecodingAttentionF32')}
+DTYPES = tuple(_TARGETS)  # What the kernel takes: queries and caches all of one of these.
+_CROSS_ATTENTION = {jnp.dtype(jnp.bfloat16): ('transformer_jax_cross_attention_bf16', 'CrossAttentionBF16'),
+                    jnp.dtype(jnp.float32): ('transformer_jax_cross_attention_f32', 'CrossAttentionF32')}
+_BEAM_SCORES = {jnp.dtype(jnp.bfloat16): ('transformer_jax_beam_scores_bf16', 'BeamScoresBF16'),
+                jnp.dtype(jnp.float32): ('transformer_jax_beam_scores_f32', 'BeamScoresF32')}
+_lock = threading.Lock()
+_loaded: str | None = None   # None: not tried yet; '': registered; else why it is unavailable.
+_library = None              # Keeps the shared library loaded.
+
+
+class KernelUnavailable(RuntimeError):
+  """The CPU kernel cannot be built or loaded here; the message says why."""
+
+
+def _cpu_key() -> str:
+  """What -march=native depends on: the CPU's flags (Linux), else the machine name."""
+  try:
+    for line in pathlib.Path('/proc/cpuinfo').read_text().splitlines():
+      if line.startswith('flags'):
+        return line
+  except OSError:
+    pass
+  import platform
+  return platform.machine() + platform.processor()
+
+
+def _build() -> pathlib.Path:
+  """Compiles decoding_attention.cc unless an identical build is cached; returns the shared library's path."""
+  compiler = os.environ.get('CXX') or shutil.which('c++') or shutil.which('g++')
+  if not compiler:
+    raise KernelUnavailable('no C++ compiler found (set $CXX, or install g++)')
+  try:
+    version = subprocess.run([compiler, '--version'], capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError) as e:
+    raise KernelUnavailable(f'the C++ compiler {compiler!r} does not run: {e}') from e
+  source = _SOURCE.read_bytes()
+  key = hashlib.sha256(b'\0'.join([source, ' '.join(_FLAGS).encode(), version.encode(),
+                                   jaxlib.__version__.encode(), _cpu_key().encode()])).hexdigest()[:16]
+  directory = pathlib.Path(os.path.expanduser(
+      os.environ.get('TRANSFORMER_JAX_KERNEL_CACHE', '~/.cache/transformer_jax/kernels')))
+  library = directory / f'decoding_attention-{key}.so'
+  if library.exists():
+    return library
+  directory.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=directory) as scratch:
+    built = pathlib.Path(scratch) / library.name
+    command = [compiler, *_FLAGS, f'-I{jax.ffi.include_dir()}', str(_SOURCE), '-o', str(built)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+      raise KernelUnavailable(f'{" ".join(command)} failed:\n{result.stderr[-2000:]}')
+    os.replace(built, library)  # Atomic: concurrent builders each write a whole file.
+  return library
+
+
+def load() -> None:
+  """Builds (once per machine) and registers the kernel with XLA; cheap after the first call.
+
+  Raises:
+    KernelUnavailable: no C++ compiler, or the build or load failed (the message has the compiler's output).
+  """
+  global _loaded, _library
+  with _lock:
+    if _loaded is None:
+      try:
+        _library = ctypes.cdll.LoadLibrary(str(_build()))
+        for name, symbol in (*_TARGETS.values(), *_CROSS_ATTENTION.values(), *_BEAM_SCORES.values()):
+          jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(_library, symbol)), platform='cpu')
+        _loaded = ''
+      except (KernelUnavailable, OSError) as e:
+        _loaded = str(e)
+    if _loaded:
+      raise KernelUnavailable(_loaded)
+
+
+def available() -> bool:
+  """Whether `decoding_self_attention` can run here (builds and registers the kernel on the first call)."""
+  try:
+    load()
+  except KernelUnavailable:
+    return False
+  return True
+
+
+def wanted(setting: str) -> bool:
+  """Whether to decode with these kernels for a `ModelConfig.decoding_kernel` setting: 'cpu' yes (building
+  them: raises KernelUnavailable where that fails), 'xla' no, 'auto' where JAX's default backend is a single
+  CPU device and the kernels build.
+
+  Raises:
+    ValueError: for another setting, or 'cpu' where JAX's default backend is not the CPU.
+  """
+  if setting == 'cpu':
+    if jax.default_backend() != 'cpu':
+      raise ValueError(f"model.decoding_kernel='cpu' runs on CPUs only; JAX's default backend is "
+                       f"{jax.default_backend()!r} (use 'auto' or 'xla')")
+    load()
+    return True
+  if setting == 'xla':
+    return False
+  if setting != 'auto':
+    raise ValueError(f"decoding_kernel must be 'auto', 'cpu' or 'xla', got {setting!r}")
+  return jax.default_backend() == 'cpu' and jax.device_count() == 1 and available()
+
+
+def cross_attention(query: Array, key: Array, value: Array, valid: Array) -> Array:
+  """The encoder-decoder attention of one decoding step (Eq. 1, §3.2.3) on the CPU kernel.
+
+  The beams of a sentence are consecutive query rows and share its memory row. Equal to
+  `attention.dot_product_attention` with the queries of a sentence's beams folded into its query length (the
+  XLA path), up to float32 summation order.
+
+  Args:
+    query: [rows, num_heads, d_k], bfloat16 or float32; rows = batch * beams.
+    key: [batch, kv_heads, src_len, d_k], query's dtype, heads-first as the cache stores it; kv_heads divides
+      num_heads.
+    value: [batch, kv_heads, src_len, d_v], query's dtype.
+    valid: bool [batch, src_len], the source positions that may be attended (not padding). A row with none
+      gets zeros.
+
+  Returns:
+    [rows, num_heads, d_v] in query's dtype.
+
+  Raises:
+    KernelUnavailable: the kernel cannot be built here.
+    ValueError: for other dtypes.
+  """
+  dtype = jnp.dtype(query.dtype)
+  if dtype not in _CROSS_ATTENTION or jnp.dtype(key.dtype) != dtype or jnp.dtype(value.dtype) != dtype:
+    raise ValueError(f'the cross-attention kernel takes bfloat16 or float32 throughout, got query {query.dtype}, '
+                     f'key {key.dtype}, value {value.dtype}')
+  load()
+  output = jax.ShapeDtypeStruct((*query.shape[:2], value.shape[-1]), dtype)
+  return jax.ffi.ffi_call(_CROSS_ATTENTION[dtype][0], output)(query, key, value, valid.astype(bool))
+
+
+def beam_scores(logits: Array, k: int, *, eos_id: int, bos_id: int, pad_id: int
+                ) -> tuple[Array, Array, Array, Array]:
+  """`decoding.extension_scores` (what a beam step reads of the logits, §6.1) in one pass over each row.
+
+  XLA makes five passes; on XLA:CPU they were a fifth of a step at 40 sentences x beam 4, vocabulary 8,000.
+  The same values, the log-sum-exp to float32 rounding; NaN logits are never chosen and left out of it.
+
+  Args:
+    logits: [rows, vocab], float32 or bfloat16.
+    k: how many of the best tokens to return, 1 <= k <= vocab.
+    eos_id, bos_id, pad_id: the special ids; PAD and BOS are never generated.
+
+  Returns:
+    float32 [rows] log-sum-exp over the tokens other than PAD and BOS; float32 [rows, k] the largest logits
+    of the tokens other than PAD, BOS and EOS, best first, and int32 [rows, k] their ids (ties to the lowest
+    id, as `jax.lax.top_k`); float32 [rows] the EOS logit.
+
+  Raises:
+    KernelUnavailable: the kernel cannot be built here.
+    ValueError: for another dtype.
+    jax.errors.JaxRuntimeError: at run time, for k or an id outside the vocabulary.
+  """
+  dtype = jnp.dtype(logits.dtype)
+  if dtype not in _BEAM_SCORES:
+    raise ValueError(f'beam_scores takes bfloat16 or float32 logits, got {logits.dtype}')
+  load()
+  rows = logits.shape[0]
+  shapes = (jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows, k), jnp.float32),
+            jax.ShapeDtypeStruct((rows, k), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.float32))
+  return jax.ffi.ffi_call(_BEAM_SCORES[dtype][0], shapes)(
+      logits, k=np.int64(k), eos_id=np.int64(eos_id), bos_id=np.int64(bos_id), pad_id=np.int64(pad_id))
+
+
+def decoding_self_attention(query: Array, key_cache: Array, value_cache: Array, ancestry: Array, new_key: Array,
+                            new_value: Array, index: Array) -> tuple[Array, Array, Array, Array]:
+  """One decoding step of self-attention (Eq. 1) on the CPU kernel, the caches updated in place.
+
+  Row r's key and value at position j < index are those of row r + ancestry[r, j]; this step writes row r's
+  new_key and new_value at position `index` (ancestry 0 there) and attends over positions 0..index. Equal to
+  `attention.decoding_attention` on caches gathered along the ancestry, up to float32 summation order.
+
+  Args:
+    query: [rows, num_heads, d_k], bfloat16 or float32.
+    key_cache: [rows, kv_heads, max_len, d_k], query's dtype; kv_heads divides num_heads (query head i reads
+      key/value head i // (num_heads // kv_heads)).
+    value_cache: [rows, kv_heads, max_len, d_v], query's dtype.
+    ancestry: int32 [rows, max_len]; at positions j < index, r + ancestry[r, j] in [0, rows).
+    new_key: [rows, kv_heads, d_k]; new_value: [rows, kv_heads, d_v].
+    index: int32 [], the step's position, in [0, max_len).
+
+  Returns:
+    (output [rows, num_heads, d_v] in query's dtype, key_cache, value_cache, ancestry), the caches updated.
+
+  Raises:
+    KernelUnavailable: the kernel cannot be built here.
+    ValueError: for other dtypes.
+    jax.errors.JaxRuntimeError: at run time, for an index outside the cache or an ancestry pointing outside
+      its rows.
+  """
+  dtype = jnp.dtype(query.dtype)
+  if dtype not in _TARGETS or any(jnp.dtype(x.dtype) != dtype for x in (key_cache, value_cache, new_key, new_value)):
+    raise ValueError(f'the decoding kernel takes bfloat16 or float32 throughout, got query {query.dtype}, '
+                     f'caches {key_cache.dtype}/{value_cache.dtype}, new {new_key.dtype}/{new_value.dtype}')
+  load()
+  output = jax.ShapeDtypeStruct((*query.shape[:2], value_cache.shape[-1]), dtype)
+  results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (key_cache, value_cache, ancestry))
+  call = jax.ffi.ffi_call(_TARGETS[dtype][0], (output, *results), input_output_aliases={1: 1, 2: 2, 3: 3})
+  return call(query, key_cache, value_cache, ancestry.astype(jnp.int32), new_key, new_value,
+              jnp.asarray(index, jnp.int32))
