@@ -56,7 +56,8 @@ def main() -> None:
   setup = experiment.compute_setup(config)
   model, cfg = setup.model, setup.model.cfg
   sources = benchmark.synthetic_batch(cfg, args.sentences, args.source_length, 1)['source_tokens']
-  params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(sources), jnp.asarray(sources))['params'])
+  float32_params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(sources), jnp.asarray(sources))['params'])
+  params = model_lib.params_in_compute_dtype(float32_params, cfg)  # Ours, as translation.decode_all casts them.
   beam, alpha, extra = config.decode.beam_size, config.decode.alpha, config.decode.extra_length
   steps = args.source_length + extra
 
@@ -75,7 +76,7 @@ def main() -> None:
   source_pieces = [[pieces[i] for i in row] for row in sources]
   root = tempfile.mkdtemp(prefix='decode_peers_')
   for quantization in ('int8', 'float32'):
-    spec = export.build_spec(jax.device_get(params), cfg, pieces)
+    spec = export.build_spec(jax.device_get(float32_params), cfg, pieces)
     spec.validate()
     spec.optimize(quantization=quantization)
     os.makedirs(f'{root}/{quantization}')

@@ -213,3 +213,21 @@ def test_cross_attention_equals_the_xla_path(dtype, tolerance, kv_heads):
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected.reshape(got.shape), np.float32),
                              rtol=tolerance, atol=tolerance)
   np.testing.assert_array_equal(np.asarray(got[4:], np.float32), 0.0)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize('kernel', ['cpu', 'xla'])
+def test_weights_cast_before_the_search_decode_the_same(kernel, request):
+  """`model.params_in_compute_dtype` (what translation.decode_all does once) leaves a bf16 search's tokens and
+  scores exactly as casting inside every step does; norm parameters (1-D) stay float32."""
+  if kernel == 'cpu':
+    request.getfixturevalue('kernels')
+  model = make_model(dtype='bfloat16', decoding_kernel=kernel)
+  params = init_params(model, seed=4)
+  cast = model_lib.params_in_compute_dtype(params, model.cfg)
+  assert cast['shared_embedding']['embedding'].dtype == jnp.bfloat16
+  assert {x.dtype for x in jax.tree.leaves(cast) if x.ndim == 1} == {jnp.dtype(jnp.float32)}
+  decode = lambda p: translation.decode_batch(p, jnp.asarray(SOURCE), model=model, beam_size=3, alpha=0.6,
+                                              extra_length=6, with_scores=True)
+  for got, expected in zip(decode(cast), decode(params)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))

@@ -87,7 +87,6 @@ def _continue(params: Any, state: Any, context: tuple[Array, Array, dict], until
               model: model_lib.Transformer, alpha: float, early_stopping: str, cache_length: int) -> Any:
   """The search's steps until `until` (or every sentence done), the cache grown to cache_length first."""
   memory, source_segment_ids, fixed = context
-  params = model_lib.params_in_compute_dtype(params, model.cfg)  # Once, not at every step.
 
   def step_fn(last_tokens, cache):
     logits, new_variables = model.apply(
@@ -403,6 +402,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
       logging.info('decode.compact_every_steps=%d is ignored over %d devices: each batch is one compiled search.',
                    compact_every_steps, len(batch_sharding.device_set))
   logging.info('Decoding %d batch(es) at once.', workers)
+  params = model_lib.params_in_compute_dtype(params, model.cfg)  # Once, not in every decoding step.
   decode_one = functools.partial(
       _decode_one, params=params, batch_sharding=batch_sharding, one_device=one_device,
       compact_every_steps=compact_every_steps, mesh=jax.sharding.get_mesh(), rules=nn.get_logical_axis_rules(),
