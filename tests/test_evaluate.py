@@ -220,7 +220,7 @@ def test_concurrent_decoding_runs_under_the_callers_mesh_and_axis_rules(monkeypa
              for i in range(4)]
   mesh, rules = jax.make_mesh((1,), ('data',)), (('batch', 'data'),)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    outputs = translation.decode_all({}, batches, 8, model=None, beam_size=1, alpha=0.0, extra_length=1,
+    outputs = translation.decode_all({}, batches, 8, model=make_model(), beam_size=1, alpha=0.0, extra_length=1,
                                      concurrent_batches=2)
   assert len(outputs) == 8 and len(seen) == 4
   assert all(got_mesh == mesh and tuple(got_rules) == rules for got_mesh, got_rules in seen), seen

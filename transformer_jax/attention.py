@@ -264,8 +264,7 @@ class MultiHeadAttention(nn.Module):
                  else jnp.broadcast_to(mask[:, 0, 0, :], (cached_key.shape[0], cached_key.shape[2])))
         output = cpu_kernels.cross_attention(query[:, 0].astype(cached_key.dtype), cached_key, cached_value, valid)
         return self._output_projection(output[:, None].astype(self.dtype), d_model)
-      key = jnp.swapaxes(self.get_variable('cache', 'cached_key'), 1, 2)
-      value = jnp.swapaxes(self.get_variable('cache', 'cached_value'), 1, 2)
+      key, value = jnp.swapaxes(cached_key, 1, 2), jnp.swapaxes(cached_value, 1, 2)
     else:
       key = self._project(inputs_kv, self.d_k, 'key', kv_heads, kv_axis)      # [batch, kv_len, kv_heads, d_k]
       value = self._project(inputs_kv, self.d_v, 'value', kv_heads, kv_axis)  # [batch, kv_len, kv_heads, d_v]

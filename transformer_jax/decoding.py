@@ -224,7 +224,6 @@ def _reorder_cache(cache: Any, parent: jax.Array, beam_size: int) -> Any:
   """
   rows = (jnp.arange(parent.shape[0])[:, None] * beam_size + parent).reshape(-1)  # [batch*beam]
   gather = lambda x: x if jnp.ndim(x) == 0 else x.at[rows].get(mode='promise_in_bounds')
-
   shift = (rows - jnp.arange(rows.shape[0], dtype=rows.dtype)).astype(jnp.int32)[:, None]
   follows_ancestry = lambda tree: isinstance(tree, Mapping) and ANCESTRY in tree
 
