@@ -88,7 +88,8 @@ def main() -> None:
           lambda t=translator: t.translate_batch(source_pieces, beam_size=beam, max_batch_size=args.sentences,
                                                  min_decoding_length=steps, max_decoding_length=steps))
   # EOS excluded, as CTranslate2 returns its hypotheses.
-  lengths = {name: float(np.mean(np.sum((t != 0) & (t != tokenizer_lib.EOS_ID), axis=-1))) for name, t in tokens.items()}
+  lengths = {name: float(np.mean(np.sum((t != 0) & (t != tokenizer_lib.EOS_ID), axis=-1)))
+             for name, t in tokens.items()}
   for name, fn in decoders.items():
     if name not in tokens:
       lengths[name] = float(np.mean([len(r.hypotheses[0]) for r in fn()]))

@@ -9,10 +9,11 @@ each through a float32 copy of the whole bf16 cache; and a fifth to five passes 
     lives in row r + ancestry[r, j]), which the kernel follows when it reads;
   * `cross_attention`: the encoder-decoder attention of a step, the beams of a sentence on its memory row;
   * `beam_scores`: what a beam step reads of the logits, in one pass over each row.
-With them a 40-sentence step of the main job's model took 4.7 ms against 8 ms, and test_2016_flickr decoded at
-432-480 sentences/s against 248-281.
+With them (and the weights cast once, `translation.decode_all`) a step of the main job's model at 40 sentences x
+beam 4 took 4.7-5.0 ms against 9.3 ms, and test_2016_flickr decoded at 487-520 sentences/s against 266-289 on a
+2-vCPU Xeon (two batches at once).
 
-The kernel is compiled on first use with the system's C++ compiler (`$CXX`, else `c++` or `g++`) for the CPU
+The kernels are compiled on first use with the system's C++ compiler (`$CXX`, else `c++` or `g++`) for the CPU
 it runs on (`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default ~/.cache/transformer_jax/kernels),
 keyed by the source, flags, compiler, jaxlib version and CPU, and registered with XLA for the CPU platform.
 Without a compiler, `available()` is False and the model decodes with the XLA path
@@ -22,6 +23,7 @@ import ctypes
 import hashlib
 import os
 import pathlib
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -35,8 +37,8 @@ import numpy as np
 Array = jax.Array
 
 _SOURCE = pathlib.Path(__file__).with_name('decoding_attention.cc')
-_FLAGS = ('-O3', '-march=native', '-mprefer-vector-width=512', '-fno-math-errno', '-fassociative-math', '-fno-signed-zeros',
-          '-fno-trapping-math', '-shared', '-fPIC', '-std=c++17', '-w')
+_FLAGS = ('-O3', '-march=native', '-mprefer-vector-width=512', '-fno-math-errno', '-fassociative-math',
+          '-fno-signed-zeros', '-fno-trapping-math', '-shared', '-fPIC', '-std=c++17', '-w')
 _TARGETS = {jnp.dtype(jnp.bfloat16): ('transformer_jax_decoding_attention_bf16', 'DecodingAttentionBF16'),
             jnp.dtype(jnp.float32): ('transformer_jax_decoding_attention_f32', 'DecodingAttentionF32')}
 DTYPES = tuple(_TARGETS)  # What the kernel takes: queries and caches all of one of these.
@@ -61,7 +63,6 @@ def _cpu_key() -> str:
         return line
   except OSError:
     pass
-  import platform
   return platform.machine() + platform.processor()
 
 

@@ -261,7 +261,9 @@ ffi::Error BeamScores(ffi::Buffer<dtype> logits, int64_t k, int64_t eos_id, int6
   const int64_t rows = dims[0], vocab = dims[1];
   if (k < 1 || k > vocab) return ffi::Error::InvalidArgument("beam_scores: k must be in [1, vocab]");
   for (int64_t id : {eos_id, bos_id, pad_id}) {
-    if (id < 0 || id >= vocab) return ffi::Error::InvalidArgument("beam_scores: a special id is outside the vocabulary");
+    if (id < 0 || id >= vocab) {
+      return ffi::Error::InvalidArgument("beam_scores: a special id is outside the vocabulary");
+    }
   }
   const auto* in = logits.typed_data();
   constexpr int64_t kBlock = 64;

@@ -97,10 +97,9 @@ def _continue(params: Any, state: Any, context: tuple[Array, Array, dict], until
   state = state._replace(cache=model_lib.grow_decoding_cache(state.cache, cache_length))
   if isinstance(state, decoding.GreedyState):
     return decoding.continue_greedy_search(state, step_fn, until=until, **_SPECIAL_IDS)
+  scores_fn = cpu_kernels.beam_scores if cpu_kernels.wanted(model.cfg.decoding_kernel) else None
   return decoding.continue_beam_search(state, step_fn, until=until, alpha=alpha, early_stopping=early_stopping,
-                                       scores_fn=cpu_kernels.beam_scores if cpu_kernels.wanted(model.cfg.decoding_kernel)
-                                       else None,
-                                       **_SPECIAL_IDS)
+                                       scores_fn=scores_fn, **_SPECIAL_IDS)
 
 
 def _output(state: Any, with_scores: bool) -> tuple[Array] | tuple[Array, Array]:
