@@ -1,24 +1,28 @@
-// One decoding step of masked self-attention over a key/value cache that beam search never copies (§3.2.1
-// Eq. 1, §6.1): an XLA FFI custom call for CPUs, built and registered by transformer_jax/cpu_kernels.py,
-// which documents the arguments. Why it exists (docs/performance.md, session 16): on XLA:CPU the same step
-// spends most of its time copying the bf16 cache through float32 (the beam reorder's gather, the write of the
-// step's position, the one-query products); here the cache is written once per position and read in place.
+// The CPU kernels of a beam-search step (§3.2, §6.1) as XLA FFI custom calls, built and registered by
+// transformer_jax/cpu_kernels.py, whose functions document the arguments. Why they exist (docs/performance.md,
+// session 16): on XLA:CPU a step spent most of its time copying the bf16 self-attention cache through float32
+// (the beam reorder's gather, the write of the step's position, the one-query products) and passing five times
+// over the logits.
 //
-// Layout: query [rows, num_heads, d_k]; key_cache [rows, kv_heads, max_len, d_k]; value_cache [rows, kv_heads,
+// DecodingAttention (cpu_kernels.decoding_self_attention): masked self-attention over a cache beam search never
+// copies. query [rows, num_heads, d_k]; key_cache [rows, kv_heads, max_len, d_k]; value_cache [rows, kv_heads,
 // max_len, d_v]; ancestry int32 [rows, max_len]: row r's key and value at position j are in row
 // r + ancestry[r, j] of the caches (beam search reorders this small array instead of the caches); new_key
-// [rows, kv_heads, d_k] and new_value [rows, kv_heads, d_v], written at position `index` of row r (ancestry
-// 0 there). Query head i reads key/value head i / (num_heads / kv_heads). Returns the attention output
-// [rows, num_heads, d_v] and the three caches, updated in place (aliased with the inputs).
+// [rows, kv_heads, d_k] and new_value [rows, kv_heads, d_v], written at position `index` of row r (ancestry 0
+// there). Query head i reads key/value head i / (num_heads / kv_heads). Returns the output [rows, num_heads,
+// d_v] and the three caches, updated in place (aliased with the inputs).
 //
-// BeamScores (decoding.py's `_extension_scores` in one pass over the vocabulary instead of five): per row of
+// CrossAttention (cpu_kernels.cross_attention): the encoder-decoder attention of a step, the beams of a
+// sentence reading its memory row at its valid (unpadded) positions.
+//
+// BeamScores (cpu_kernels.beam_scores, decoding.extension_scores in one pass over the vocabulary): per row of
 // logits [rows, vocab], the log-sum-exp over the tokens other than PAD and BOS, the k largest logits of the
 // tokens other than PAD, BOS and EOS (ties to the lowest token id, as lax.top_k) with their ids, and the EOS
 // logit.
 //
-// Numerics of the attention step follow attention.decoding_attention: the query is divided by sqrt(d_k) in its dtype,
-// scores and softmax in float32, the weights rounded to the value dtype, products accumulated in float32 and
-// the output rounded to the value dtype.
+// Numerics of the attention kernels follow attention.decoding_attention: the query divided by sqrt(d_k) in its
+// dtype, scores and softmax in float32, the weights rounded to the value dtype, products accumulated in float32
+// and the output rounded to the value dtype.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
