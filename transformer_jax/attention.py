@@ -183,7 +183,8 @@ class MultiHeadAttention(nn.Module):
     cross_attention: keys and values come from `memory` (encoder-decoder attention, §3.2.3).
     dtype: compute dtype; parameters are float32.
     attention_impl: 'xla' (einsum; returns weights for inspection) or 'fused'. A decoding step of
-      self-attention uses `decoding_attention` (einsum, weights returned) either way.
+      self-attention uses `decoding_attention` (einsum, weights returned) either way, or
+      `cpu_kernels.decoding_self_attention` under `decoding_kernel` (no weights).
     num_kv_heads: heads of W^K and W^V (None: num_heads). Fewer is multi-query (1) or grouped-query
       attention; the decoding cache then holds num_kv_heads heads. Their head axis is the logical
       KV_HEADS, replicated by the default rules (a count below mesh.tensor could not be split), while

@@ -10,8 +10,8 @@ each through a float32 copy of the whole bf16 cache; and a fifth to five passes 
   * `cross_attention`: the encoder-decoder attention of a step, the beams of a sentence on its memory row;
   * `beam_scores`: what a beam step reads of the logits, in one pass over each row.
 With them (and the weights cast once, `translation.decode_all`) a step of the main job's model at 40 sentences x
-beam 4 took 4.7-5.0 ms against 9.3 ms, and test_2016_flickr decoded at 487-520 sentences/s against 266-289 on a
-2-vCPU Xeon (two batches at once).
+beam 4 took 4.88 ms against 8.72 ms (`benchmarks/profile_decode.py`), and test_2016_flickr decoded at 487-520
+sentences/s against 266-289 on a 2-vCPU Xeon (two batches at once).
 
 The kernels are compiled on first use with the system's C++ compiler (`$CXX`, else `c++` or `g++`) for the CPU
 it runs on (`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default ~/.cache/transformer_jax/kernels),
@@ -95,7 +95,7 @@ def _build() -> pathlib.Path:
 
 
 def load() -> None:
-  """Builds (once per machine) and registers the kernel with XLA; cheap after the first call.
+  """Builds (once per machine) and registers the kernels with XLA; cheap after the first call.
 
   Raises:
     KernelUnavailable: no C++ compiler, or the build or load failed (the message has the compiler's output).
@@ -115,7 +115,7 @@ def load() -> None:
 
 
 def available() -> bool:
-  """Whether `decoding_self_attention` can run here (builds and registers the kernel on the first call)."""
+  """Whether the kernels can run here (builds and registers them on the first call)."""
   try:
     load()
   except KernelUnavailable:
@@ -163,7 +163,7 @@ def cross_attention(query: Array, key: Array, value: Array, valid: Array) -> Arr
     [rows, num_heads, d_v] in query's dtype.
 
   Raises:
-    KernelUnavailable: the kernel cannot be built here.
+    KernelUnavailable: the kernels cannot be built here.
     ValueError: for other dtypes.
   """
   dtype = jnp.dtype(query.dtype)
@@ -180,7 +180,8 @@ def beam_scores(logits: Array, k: int, *, eos_id: int, bos_id: int, pad_id: int
   """`decoding.extension_scores` (what a beam step reads of the logits, §6.1) in one pass over each row.
 
   XLA makes five passes; on XLA:CPU they were a fifth of a step at 40 sentences x beam 4, vocabulary 8,000.
-  The same values, the log-sum-exp to float32 rounding; NaN logits are never chosen and left out of it.
+  The same values, the log-sum-exp to float32 rounding, for logits without NaN (a NaN counts as exp(-87) in the
+  log-sum-exp, and the top k assume none).
 
   Args:
     logits: [rows, vocab], float32 or bfloat16.
@@ -193,7 +194,7 @@ def beam_scores(logits: Array, k: int, *, eos_id: int, bos_id: int, pad_id: int
     id, as `jax.lax.top_k`); float32 [rows] the EOS logit.
 
   Raises:
-    KernelUnavailable: the kernel cannot be built here.
+    KernelUnavailable: the kernels cannot be built here.
     ValueError: for another dtype.
     jax.errors.JaxRuntimeError: at run time, for k or an id outside the vocabulary.
   """
@@ -229,7 +230,7 @@ def decoding_self_attention(query: Array, key_cache: Array, value_cache: Array, 
     (output [rows, num_heads, d_v] in query's dtype, key_cache, value_cache, ancestry), the caches updated.
 
   Raises:
-    KernelUnavailable: the kernel cannot be built here.
+    KernelUnavailable: the kernels cannot be built here.
     ValueError: for other dtypes.
     jax.errors.JaxRuntimeError: at run time, for an index outside the cache or an ancestry pointing outside
       its rows.

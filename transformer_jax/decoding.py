@@ -462,8 +462,8 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
     grow_cache: grow_cache(cache, n) returns the cache enlarged to hold n positions (called with each
       stage's last step count, the first stage's included); needed when cache_stages is given.
     early_stopping: 'bound' or 'finished' (EARLY_STOPPING), see above.
-    scores_fn: what a step reads of the logits, with `extension_scores`' signature and results; None:
-      `extension_scores` (e.g. `cpu_kernels.beam_scores`, one pass over the vocabulary on a CPU).
+    scores_fn: what a step reads of the logits, with `extension_scores`' signature and results (e.g.
+      `cpu_kernels.beam_scores`, one pass over the vocabulary on a CPU); None: `extension_scores`.
 
   Returns:
     tokens: int32 [batch, beam_size, max_steps], best-first; EOS-ended or exactly L_b tokens, PAD
