@@ -39,13 +39,17 @@ Array = jax.Array
 _SOURCE = pathlib.Path(__file__).with_name('decoding_attention.cc')
 _FLAGS = ('-O3', '-march=native', '-mprefer-vector-width=512', '-fno-math-errno', '-fassociative-math',
           '-fno-signed-zeros', '-fno-trapping-math', '-shared', '-fPIC', '-std=c++17', '-w')
-_TARGETS = {jnp.dtype(jnp.bfloat16): ('transformer_jax_decoding_attention_bf16', 'DecodingAttentionBF16'),
-            jnp.dtype(jnp.float32): ('transformer_jax_decoding_attention_f32', 'DecodingAttentionF32')}
-DTYPES = tuple(_TARGETS)  # What the kernel takes: queries and caches all of one of these.
-_CROSS_ATTENTION = {jnp.dtype(jnp.bfloat16): ('transformer_jax_cross_attention_bf16', 'CrossAttentionBF16'),
-                    jnp.dtype(jnp.float32): ('transformer_jax_cross_attention_f32', 'CrossAttentionF32')}
-_BEAM_SCORES = {jnp.dtype(jnp.bfloat16): ('transformer_jax_beam_scores_bf16', 'BeamScoresBF16'),
-                jnp.dtype(jnp.float32): ('transformer_jax_beam_scores_f32', 'BeamScoresF32')}
+# The kernels' symbols in decoding_attention.cc, each in these dtypes (symbol + 'BF16' / 'F32').
+_KERNELS = ('DecodingAttention', 'CrossAttention', 'BeamScores')
+_DTYPE_SUFFIX = {jnp.dtype(jnp.bfloat16): 'BF16', jnp.dtype(jnp.float32): 'F32'}
+DTYPES = tuple(_DTYPE_SUFFIX)  # What the kernels take: queries and caches (or logits) all of one of these.
+
+
+def _target(kernel: str, dtype: jnp.dtype) -> str:
+  """The XLA custom-call target of a kernel (one of _KERNELS) for a dtype (one of DTYPES)."""
+  return f'transformer_jax_{kernel}{_DTYPE_SUFFIX[dtype]}'
+
+
 _lock = threading.Lock()
 _loaded: str | None = None   # None: not tried yet; '': registered; else why it is unavailable.
 _library = None              # Keeps the shared library loaded.
@@ -105,8 +109,10 @@ def load() -> None:
     if _loaded is None:
       try:
         _library = ctypes.cdll.LoadLibrary(str(_build()))
-        for name, symbol in (*_TARGETS.values(), *_CROSS_ATTENTION.values(), *_BEAM_SCORES.values()):
-          jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(_library, symbol)), platform='cpu')
+        for kernel in _KERNELS:
+          for dtype, suffix in _DTYPE_SUFFIX.items():
+            symbol = getattr(_library, kernel + suffix)
+            jax.ffi.register_ffi_target(_target(kernel, dtype), jax.ffi.pycapsule(symbol), platform='cpu')
         _loaded = ''
       except (KernelUnavailable, OSError) as e:
         _loaded = str(e)
@@ -167,12 +173,12 @@ def cross_attention(query: Array, key: Array, value: Array, valid: Array) -> Arr
     ValueError: for other dtypes.
   """
   dtype = jnp.dtype(query.dtype)
-  if dtype not in _CROSS_ATTENTION or jnp.dtype(key.dtype) != dtype or jnp.dtype(value.dtype) != dtype:
+  if dtype not in DTYPES or jnp.dtype(key.dtype) != dtype or jnp.dtype(value.dtype) != dtype:
     raise ValueError(f'the cross-attention kernel takes bfloat16 or float32 throughout, got query {query.dtype}, '
                      f'key {key.dtype}, value {value.dtype}')
   load()
   output = jax.ShapeDtypeStruct((*query.shape[:2], value.shape[-1]), dtype)
-  return jax.ffi.ffi_call(_CROSS_ATTENTION[dtype][0], output)(query, key, value, valid.astype(bool))
+  return jax.ffi.ffi_call(_target('CrossAttention', dtype), output)(query, key, value, valid.astype(bool))
 
 
 def beam_scores(logits: Array, k: int, *, eos_id: int, bos_id: int, pad_id: int
@@ -199,13 +205,13 @@ def beam_scores(logits: Array, k: int, *, eos_id: int, bos_id: int, pad_id: int
     jax.errors.JaxRuntimeError: at run time, for k or an id outside the vocabulary.
   """
   dtype = jnp.dtype(logits.dtype)
-  if dtype not in _BEAM_SCORES:
+  if dtype not in DTYPES:
     raise ValueError(f'beam_scores takes bfloat16 or float32 logits, got {logits.dtype}')
   load()
   rows = logits.shape[0]
   shapes = (jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows, k), jnp.float32),
             jax.ShapeDtypeStruct((rows, k), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.float32))
-  return jax.ffi.ffi_call(_BEAM_SCORES[dtype][0], shapes)(
+  return jax.ffi.ffi_call(_target('BeamScores', dtype), shapes)(
       logits, k=np.int64(k), eos_id=np.int64(eos_id), bos_id=np.int64(bos_id), pad_id=np.int64(pad_id))
 
 
@@ -236,12 +242,13 @@ def decoding_self_attention(query: Array, key_cache: Array, value_cache: Array, 
       its rows.
   """
   dtype = jnp.dtype(query.dtype)
-  if dtype not in _TARGETS or any(jnp.dtype(x.dtype) != dtype for x in (key_cache, value_cache, new_key, new_value)):
+  if dtype not in DTYPES or any(jnp.dtype(x.dtype) != dtype for x in (key_cache, value_cache, new_key, new_value)):
     raise ValueError(f'the decoding kernel takes bfloat16 or float32 throughout, got query {query.dtype}, '
                      f'caches {key_cache.dtype}/{value_cache.dtype}, new {new_key.dtype}/{new_value.dtype}')
   load()
   output = jax.ShapeDtypeStruct((*query.shape[:2], value_cache.shape[-1]), dtype)
   results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (key_cache, value_cache, ancestry))
-  call = jax.ffi.ffi_call(_TARGETS[dtype][0], (output, *results), input_output_aliases={1: 1, 2: 2, 3: 3})
+  call = jax.ffi.ffi_call(_target('DecodingAttention', dtype), (output, *results),
+                          input_output_aliases={1: 1, 2: 2, 3: 3})
   return call(query, key_cache, value_cache, ancestry.astype(jnp.int32), new_key, new_value,
               jnp.asarray(index, jnp.int32))
