@@ -1,4 +1,6 @@
 """The C++ decoding kernels (cpu_kernels): the XLA path's numbers, and the same translations."""
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -161,6 +163,63 @@ def test_a_missing_compiler_is_reported_not_crashed(monkeypatch, tmp_path):
   monkeypatch.setenv('CXX', str(tmp_path / 'no-such-compiler'))
   with pytest.raises(cpu_kernels.KernelUnavailable, match='does not run'):
     cpu_kernels._build()
+
+
+def test_cpu_setting_names_the_config_key_where_the_kernels_cannot_build(monkeypatch, tmp_path):
+  monkeypatch.setattr(cpu_kernels, '_loaded', None)  # Not built yet in this process, as far as load() knows.
+  monkeypatch.setenv('CXX', str(tmp_path / 'no-such-compiler'))
+  with pytest.raises(cpu_kernels.KernelUnavailable, match=r"model.decoding_kernel='cpu'.*'auto'.*does not run"):
+    cpu_kernels.wanted('cpu')
+  assert not cpu_kernels.wanted('auto')  # 'auto' falls back (single-device check apart: it is False either way).
+
+
+@pytest.mark.usefixtures('kernels')
+def test_a_cached_build_that_does_not_load_is_built_again(monkeypatch, tmp_path):
+  """A truncated library in the cache (an interrupted copy, a full disk) is replaced, not kept failing."""
+  good = cpu_kernels._build()
+  broken = tmp_path / good.name
+  broken.write_bytes(good.read_bytes()[:100])
+  calls = []
+
+  def build(rebuild=False):
+    calls.append(rebuild)
+    return good if rebuild else broken
+  monkeypatch.setattr(cpu_kernels, '_loaded', None)
+  monkeypatch.setattr(cpu_kernels, '_build', build)
+  cpu_kernels.load()
+  assert calls == [False, True] and cpu_kernels._loaded == ''
+
+
+@pytest.mark.integration
+def test_a_compiler_command_with_arguments_builds(monkeypatch, tmp_path):
+  """$CXX may carry arguments (`ccache g++`, `g++ -O2`): split as a shell would, and part of the cache key."""
+  compiler = shutil.which('g++') or shutil.which('c++')
+  if not compiler:
+    pytest.skip('no C++ compiler here')
+  monkeypatch.setenv('TRANSFORMER_JAX_KERNEL_CACHE', str(tmp_path))
+  monkeypatch.setenv('CXX', f'{compiler} -w')
+  with_argument = cpu_kernels._build()
+  assert with_argument.exists() and with_argument.parent == tmp_path
+  monkeypatch.setenv('CXX', compiler)
+  assert cpu_kernels._build().name != with_argument.name
+
+
+@pytest.mark.usefixtures('kernels')
+def test_a_decoding_step_with_attention_dropout_leaves_the_cross_attention_kernel(monkeypatch):
+  """The cross-attention kernel applies no dropout; a step with dropout on (deterministic=False) runs on XLA
+  and gives the XLA path's logits under the same dropout key."""
+  monkeypatch.setattr(jax, 'device_count', lambda: 1)
+  memory = jnp.asarray(np.random.default_rng(5).standard_normal((2, SOURCE.shape[1], 16)), jnp.float32)
+  segment_ids = jnp.asarray(SOURCE != 0, jnp.int32)
+  logits = {}
+  for kernel in ('cpu', 'xla'):
+    model = make_model(decoding_kernel=kernel, attention_dropout_rate=0.5)
+    params = init_params(model, seed=6)
+    _, variables = model.apply({'params': params}, memory, segment_ids, 4, method='init_cache', mutable=['cache'])
+    logits[kernel], _ = model.apply({'params': params, 'cache': variables['cache']}, jnp.ones((2, 1), jnp.int32),
+                                    memory, segment_ids, deterministic=False, use_cache=True, method='decode',
+                                    mutable=['cache'], rngs={'dropout': jax.random.key(7)})
+  np.testing.assert_allclose(logits['cpu'], logits['xla'], rtol=1e-5, atol=1e-5)
 
 
 def test_bad_dtypes_are_refused_before_the_call():

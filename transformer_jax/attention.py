@@ -259,6 +259,7 @@ class MultiHeadAttention(nn.Module):
     if use_cache and self.cross_attention and self.has_variable('cache', 'cached_key'):
       cached_key, cached_value = self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
       if (query.shape[1] == 1 and self.attention_impl == 'xla'
+          and (deterministic or self.dropout_rate == 0.0)  # The kernel applies no dropout to its weights.
           and (mask is None or (mask.ndim == 4 and mask.shape[1] == mask.shape[2] == 1))
           and self._use_decoding_kernel(cached_key.dtype)):  # A decoding step on the CPU kernel.
         valid = (jnp.ones((cached_key.shape[0], cached_key.shape[2]), bool) if mask is None

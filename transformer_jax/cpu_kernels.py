@@ -13,22 +13,25 @@ With them (and the weights cast once, `translation.decode_all`) a step of the ma
 beam 4 took 4.88 ms against 8.72 ms (`benchmarks/profile_decode.py`), and test_2016_flickr decoded at 487-520
 sentences/s against 266-289 on a 2-vCPU Xeon (two batches at once).
 
-The kernels are compiled on first use with the system's C++ compiler (`$CXX`, else `c++` or `g++`) for the CPU
-it runs on (`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default ~/.cache/transformer_jax/kernels),
-keyed by the source, flags, compiler, jaxlib version and CPU, and registered with XLA for the CPU platform.
-Without a compiler, `available()` is False and the model decodes with the XLA path
-(`ModelConfig.decoding_kernel`).
+The kernels are compiled on first use with the system's C++ compiler (`$CXX`, arguments allowed, else `c++` or
+`g++`) for the CPU it runs on (`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default
+~/.cache/transformer_jax/kernels), keyed by the source, compiler command, flags, compiler version, jaxlib
+version and CPU, and registered with XLA for the CPU platform; a cached build that no longer loads is built
+again. Without a compiler, `available()` is False (the first failure is logged with its reason) and the model
+decodes with the XLA path (`ModelConfig.decoding_kernel`).
 """
 import ctypes
 import hashlib
 import os
 import pathlib
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import jaxlib
@@ -37,8 +40,10 @@ import numpy as np
 Array = jax.Array
 
 _SOURCE = pathlib.Path(__file__).with_name('decoding_attention.cc')
-_FLAGS = ('-O3', '-march=native', '-mprefer-vector-width=512', '-fno-math-errno', '-fassociative-math',
-          '-fno-signed-zeros', '-fno-trapping-math', '-shared', '-fPIC', '-std=c++17', '-w')
+_FLAGS = ('-O3', '-march=native', '-fno-math-errno', '-fassociative-math', '-fno-signed-zeros',
+          '-fno-trapping-math', '-shared', '-fPIC', '-std=c++17', '-w')
+if platform.machine().lower() in ('x86_64', 'amd64'):  # An x86 option: 512-bit vectors where AVX-512 has them.
+  _FLAGS += ('-mprefer-vector-width=512',)
 # The kernels' symbols in decoding_attention.cc, each in these dtypes (symbol + 'BF16' / 'F32').
 _KERNELS = ('DecodingAttention', 'CrossAttention', 'BeamScores')
 _DTYPE_SUFFIX = {jnp.dtype(jnp.bfloat16): 'BF16', jnp.dtype(jnp.float32): 'F32'}
@@ -70,27 +75,28 @@ def _cpu_key() -> str:
   return platform.machine() + platform.processor()
 
 
-def _build() -> pathlib.Path:
-  """Compiles decoding_attention.cc unless an identical build is cached; returns the shared library's path."""
-  compiler = os.environ.get('CXX') or shutil.which('c++') or shutil.which('g++')
-  if not compiler:
+def _build(rebuild: bool = False) -> pathlib.Path:
+  """Compiles decoding_attention.cc unless an identical build is cached (or `rebuild`); returns the shared
+  library's path."""
+  compiler = shlex.split(os.environ.get('CXX', '')) or [shutil.which('c++') or shutil.which('g++') or '']
+  if not compiler[0]:
     raise KernelUnavailable('no C++ compiler found (set $CXX, or install g++)')
   try:
-    version = subprocess.run([compiler, '--version'], capture_output=True, text=True, check=True).stdout
+    version = subprocess.run([*compiler, '--version'], capture_output=True, text=True, check=True).stdout
   except (OSError, subprocess.CalledProcessError) as e:
-    raise KernelUnavailable(f'the C++ compiler {compiler!r} does not run: {e}') from e
+    raise KernelUnavailable(f'the C++ compiler {" ".join(compiler)!r} does not run: {e}') from e
   source = _SOURCE.read_bytes()
-  key = hashlib.sha256(b'\0'.join([source, ' '.join(_FLAGS).encode(), version.encode(),
+  key = hashlib.sha256(b'\0'.join([source, ' '.join([*compiler, *_FLAGS]).encode(), version.encode(),
                                    jaxlib.__version__.encode(), _cpu_key().encode()])).hexdigest()[:16]
   directory = pathlib.Path(os.path.expanduser(
-      os.environ.get('TRANSFORMER_JAX_KERNEL_CACHE', '~/.cache/transformer_jax/kernels')))
+      os.environ.get('TRANSFORMER_JAX_KERNEL_CACHE') or '~/.cache/transformer_jax/kernels')).absolute()
   library = directory / f'decoding_attention-{key}.so'
-  if library.exists():
+  if library.exists() and not rebuild:
     return library
   directory.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=directory) as scratch:
     built = pathlib.Path(scratch) / library.name
-    command = [compiler, *_FLAGS, f'-I{jax.ffi.include_dir()}', str(_SOURCE), '-o', str(built)]
+    command = [*compiler, *_FLAGS, f'-I{jax.ffi.include_dir()}', str(_SOURCE), '-o', str(built)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
       raise KernelUnavailable(f'{" ".join(command)} failed:\n{result.stderr[-2000:]}')
@@ -108,16 +114,32 @@ def load() -> None:
   with _lock:
     if _loaded is None:
       try:
-        _library = ctypes.cdll.LoadLibrary(str(_build()))
-        for kernel in _KERNELS:
-          for dtype, suffix in _DTYPE_SUFFIX.items():
-            symbol = getattr(_library, kernel + suffix)
-            jax.ffi.register_ffi_target(_target(kernel, dtype), jax.ffi.pycapsule(symbol), platform='cpu')
+        try:
+          library, symbols = _open(_build())
+        except OSError as e:  # A cached build that does not load (e.g. truncated): build it once more.
+          logging.warning('Rebuilding the CPU decoding kernels: the cached build did not load (%s)', e)
+          library, symbols = _open(_build(rebuild=True))
+        for (kernel, dtype), symbol in symbols.items():
+          jax.ffi.register_ffi_target(_target(kernel, dtype), jax.ffi.pycapsule(symbol), platform='cpu')
+        _library = library
         _loaded = ''
-      except (KernelUnavailable, OSError) as e:
+      except (KernelUnavailable, OSError, AttributeError) as e:
         _loaded = str(e)
+        logging.warning("The CPU decoding kernels cannot be built or loaded here (model.decoding_kernel='auto' "
+                        'decodes with XLA instead): %s', _loaded)
     if _loaded:
       raise KernelUnavailable(_loaded)
+
+
+def _open(path: pathlib.Path) -> tuple[ctypes.CDLL, dict]:
+  """The shared library at `path` and its kernels' symbols by (kernel, dtype).
+
+  Raises:
+    OSError: it does not load. AttributeError: a kernel's symbol is missing.
+  """
+  library = ctypes.cdll.LoadLibrary(str(path))
+  return library, {(kernel, dtype): getattr(library, kernel + suffix)
+                   for kernel in _KERNELS for dtype, suffix in _DTYPE_SUFFIX.items()}
 
 
 def available() -> bool:
@@ -141,7 +163,11 @@ def wanted(setting: str) -> bool:
     if jax.default_backend() != 'cpu':
       raise ValueError(f"model.decoding_kernel='cpu' runs on CPUs only; JAX's default backend is "
                        f"{jax.default_backend()!r} (use 'auto' or 'xla')")
-    load()
+    try:
+      load()
+    except KernelUnavailable as e:
+      raise KernelUnavailable(f"model.decoding_kernel='cpu', but the C++ kernels cannot be built here ('auto' "
+                              f"decodes with XLA where they cannot, 'xla' always): {e}") from e
     return True
   if setting == 'xla':
     return False
@@ -196,8 +222,9 @@ def beam_scores(logits: Array, k: int, *, eos_id: int, bos_id: int, pad_id: int
 
   Returns:
     float32 [rows] log-sum-exp over the tokens other than PAD and BOS; float32 [rows, k] the largest logits
-    of the tokens other than PAD, BOS and EOS, best first, and int32 [rows, k] their ids (ties to the lowest
-    id, as `jax.lax.top_k`); float32 [rows] the EOS logit.
+    of the tokens other than PAD, BOS and EOS, best first, and int32 [rows, k] their ids (equal logits to the
+    lowest id, as `jax.lax.top_k`, except that -0.0 and +0.0 count as equal, where top_k puts +0.0 first);
+    float32 [rows] the EOS logit.
 
   Raises:
     KernelUnavailable: the kernels cannot be built here.
@@ -228,12 +255,14 @@ def decoding_self_attention(query: Array, key_cache: Array, value_cache: Array, 
     key_cache: [rows, kv_heads, max_len, d_k], query's dtype; kv_heads divides num_heads (query head i reads
       key/value head i // (num_heads // kv_heads)).
     value_cache: [rows, kv_heads, max_len, d_v], query's dtype.
-    ancestry: int32 [rows, max_len]; at positions j < index, r + ancestry[r, j] in [0, rows).
+    ancestry: int32 [rows, max_len] (another integer dtype is converted); at positions j < index,
+      r + ancestry[r, j] in [0, rows).
     new_key: [rows, kv_heads, d_k]; new_value: [rows, kv_heads, d_v].
     index: int32 [], the step's position, in [0, max_len).
 
   Returns:
-    (output [rows, num_heads, d_v] in query's dtype, key_cache, value_cache, ancestry), the caches updated.
+    (output [rows, num_heads, d_v] in query's dtype, key_cache, value_cache, int32 ancestry), the caches
+    updated.
 
   Raises:
     KernelUnavailable: the kernels cannot be built here.
@@ -247,7 +276,8 @@ def decoding_self_attention(query: Array, key_cache: Array, value_cache: Array, 
                      f'caches {key_cache.dtype}/{value_cache.dtype}, new {new_key.dtype}/{new_value.dtype}')
   load()
   output = jax.ShapeDtypeStruct((*query.shape[:2], value_cache.shape[-1]), dtype)
-  results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (key_cache, value_cache, ancestry))
+  results = (jax.ShapeDtypeStruct(key_cache.shape, dtype), jax.ShapeDtypeStruct(value_cache.shape, dtype),
+             jax.ShapeDtypeStruct(ancestry.shape, jnp.int32))
   call = jax.ffi.ffi_call(_target('DecodingAttention', dtype), (output, *results),
                           input_output_aliases={1: 1, 2: 2, 3: 3})
   return call(query, key_cache, value_cache, ancestry.astype(jnp.int32), new_key, new_value,
