@@ -111,6 +111,14 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
   assert rows(runs) == rows(tmp_path / 'archive')  # The same lines from kilobytes.
   # exp of the mean nll of the last five progress lines (3..7), from the events and from curves.json alike.
   assert rows(runs)[0]['train_perplexity'] == pytest.approx(np.exp(5.0))
+  # Copied back into a sweep (a new machine) and archived again with the sweep's next run: curves kept.
+  resumed = tmp_path / 'resumed'
+  (resumed / 'base').mkdir(parents=True)
+  for name in (*report.ARCHIVED_FILES, report.CURVES_FILE):
+    if (tmp_path / 'archive' / 'base' / name).is_file():
+      (resumed / 'base' / name).write_bytes((tmp_path / 'archive' / 'base' / name).read_bytes())
+  assert report.archive(resumed, tmp_path / 'archive') == ['base']
+  assert json.loads((tmp_path / 'archive' / 'base' / 'curves.json').read_text()) == curves
 
 
 def test_train_perplexity_averages_the_last_progress_lines_and_the_seeds(tmp_path):

@@ -397,8 +397,9 @@ def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[st
   """Copies each finished run's record under `directory` into `archive_dir/<run>/`: the files the report reads
   and a `curves.json` ({tag: [[step, value], ...]}) of its TensorBoard curves, kilobytes per run instead of its
   checkpoints. A report of `archive_dir` gives the same lines for those runs; copied back into a sweep's
-  directory, they are skipped (`launch/sweep_table3.sh` resumes from `final_metrics.json`). Unfinished runs are
-  left out: without their checkpoints they could not resume.
+  directory, they are skipped (`launch/sweep_table3.sh` resumes from `final_metrics.json`), and archived again
+  they keep their `curves.json` (they have no events to read it from). Unfinished runs are left out: without
+  their checkpoints they could not resume.
 
   Returns:
     The names of the runs archived (those with a final_metrics.json).
@@ -413,6 +414,8 @@ def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[st
         (target / name).write_bytes((run / name).read_bytes())
     scalars = inspection.read_scalars(run)
     curves = {tag: [[int(s), float(v)] for s, v in zip(*scalars[tag])] for tag in ARCHIVED_CURVES if tag in scalars}
+    if not curves and (run / CURVES_FILE).is_file():  # An archived run copied back (no events): as it is.
+      curves = json.loads((run / CURVES_FILE).read_text(encoding='utf-8'))
     (target / CURVES_FILE).write_text(json.dumps(curves), encoding='utf-8')
     archived.append(run.name)
   return archived
