@@ -1,5 +1,8 @@
 """The C++ decoding kernels (cpu_kernels): the XLA path's numbers, and the same translations."""
+import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -174,21 +177,18 @@ def test_cpu_setting_names_the_config_key_where_the_kernels_cannot_build(monkeyp
   assert not cpu_kernels.wanted('auto')  # Where 'auto' would take them, it falls back to XLA instead.
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures('kernels')
 def test_a_cached_build_that_does_not_load_is_built_again(monkeypatch, tmp_path):
   """A truncated library in the cache (an interrupted copy, a full disk) is replaced, not kept failing."""
-  good = cpu_kernels._build()
-  broken = tmp_path / good.name
-  broken.write_bytes(good.read_bytes()[:100])
-  calls = []
-
-  def build(rebuild=False):
-    calls.append(rebuild)
-    return good if rebuild else broken
-  monkeypatch.setattr(cpu_kernels, '_loaded', None)
-  monkeypatch.setattr(cpu_kernels, '_build', build)
-  cpu_kernels.load()
-  assert calls == [False, True] and cpu_kernels._loaded == ''
+  monkeypatch.setenv('TRANSFORMER_JAX_KERNEL_CACHE', str(tmp_path))
+  library = cpu_kernels._build()
+  size = library.stat().st_size
+  library.write_bytes(library.read_bytes()[:100])
+  # A new process (XLA keeps one library per kernel name in a process, so not this one).
+  subprocess.run([sys.executable, '-c', 'from transformer_jax import cpu_kernels; cpu_kernels.load()'],
+                 check=True, env=os.environ | {'JAX_PLATFORMS': 'cpu'})
+  assert library.stat().st_size == size
 
 
 @pytest.mark.integration

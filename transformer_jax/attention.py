@@ -201,7 +201,8 @@ class MultiHeadAttention(nn.Module):
       cache is never reordered, its `ancestry` is; `cpu_kernels.cross_attention`; no attention weights are
       sown); 'auto': 'cpu' where JAX's default backend is a single CPU device, the products are in `dtype`
       and the kernels build, else 'xla'. Encoder-decoder attention takes the kernel only with
-      attention_impl='xla' (whose numbers it keeps). For self-attention decided when the cache is created (its
+      attention_impl='xla' (whose numbers it keeps) and no attention dropout (deterministic, or
+      dropout_rate 0: the kernel applies none). For self-attention decided when the cache is created (its
       layout says which).
   """
   num_heads: int

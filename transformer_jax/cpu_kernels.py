@@ -13,15 +13,16 @@ With them (and the weights cast once, `translation.decode_all`) a step of the ma
 beam 4 took 4.88 ms against 8.72 ms (`benchmarks/profile_decode.py`), and test_2016_flickr decoded at 487-520
 sentences/s against 266-289 on a 2-vCPU Xeon (two batches at once).
 
-The kernels are compiled on first use with the system's C++ compiler (`$CXX`, arguments allowed, else `c++` or
-`g++`) for the CPU it runs on (`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default
-~/.cache/transformer_jax/kernels), keyed by the source, compiler command, flags, compiler version, jaxlib
-version and CPU, and registered with XLA for the CPU platform; a cached build that no longer loads is built
-again. Without a compiler, `available()` is False (the first failure is logged with its reason) and the model
+The kernels are compiled on first use with the system's C++ compiler (`$CXX`, split as a shell would, so
+arguments are allowed and a path with spaces must be quoted; else `c++` or `g++`) for the CPU it runs on
+(`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default ~/.cache/transformer_jax/kernels), keyed by
+the source, compiler command, flags, compiler version, jaxlib version and CPU, and registered with XLA for the
+CPU platform; a cached build that no longer loads is built again. Without a compiler, `available()` is False (the first failure is logged with its reason) and the model
 decodes with the XLA path (`ModelConfig.decoding_kernel`).
 """
 import ctypes
 import hashlib
+import logging
 import os
 import pathlib
 import platform
@@ -31,7 +32,6 @@ import subprocess
 import tempfile
 import threading
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import jaxlib
@@ -77,7 +77,11 @@ def _cpu_key() -> str:
 
 def _build(rebuild: bool = False) -> pathlib.Path:
   """Compiles decoding_attention.cc unless an identical build is cached (or `rebuild`); returns the shared
-  library's path."""
+  library's path.
+
+  Raises:
+    KernelUnavailable: no compiler, one that does not run or fails, or a cache folder that cannot be created.
+  """
   compiler = shlex.split(os.environ.get('CXX', '')) or [shutil.which('c++') or shutil.which('g++') or '']
   if not compiler[0]:
     raise KernelUnavailable('no C++ compiler found (set $CXX, or install g++)')
@@ -93,7 +97,11 @@ def _build(rebuild: bool = False) -> pathlib.Path:
   library = directory / f'decoding_attention-{key}.so'
   if library.exists() and not rebuild:
     return library
-  directory.mkdir(parents=True, exist_ok=True)
+  try:
+    directory.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise KernelUnavailable(f'cannot create the kernel cache {directory} ($TRANSFORMER_JAX_KERNEL_CACHE): '
+                            f'{e}') from e
   with tempfile.TemporaryDirectory(dir=directory) as scratch:
     built = pathlib.Path(scratch) / library.name
     command = [*compiler, *_FLAGS, f'-I{jax.ffi.include_dir()}', str(_SOURCE), '-o', str(built)]
@@ -105,7 +113,8 @@ def _build(rebuild: bool = False) -> pathlib.Path:
 
 
 def load() -> None:
-  """Builds (once per machine) and registers the kernels with XLA; cheap after the first call.
+  """Builds (once per machine) and registers the kernels with XLA; cheap after the first call. A cached build
+  that does not load is built once more; the first failure is logged with its reason.
 
   Raises:
     KernelUnavailable: no C++ compiler, or the build or load failed (the message has the compiler's output).
@@ -114,10 +123,11 @@ def load() -> None:
   with _lock:
     if _loaded is None:
       try:
+        path = _build()
         try:
-          library, symbols = _open(_build())
+          library, symbols = _open(path)
         except OSError as e:  # A cached build that does not load (e.g. truncated): build it once more.
-          logging.warning('Rebuilding the CPU decoding kernels: the cached build did not load (%s)', e)
+          logging.warning('Rebuilding the CPU decoding kernels: the cached build %s did not load (%s)', path, e)
           library, symbols = _open(_build(rebuild=True))
         for (kernel, dtype), symbol in symbols.items():
           jax.ffi.register_ffi_target(_target(kernel, dtype), jax.ffi.pycapsule(symbol), platform='cpu')
@@ -125,8 +135,7 @@ def load() -> None:
         _loaded = ''
       except (KernelUnavailable, OSError, AttributeError) as e:
         _loaded = str(e)
-        logging.warning("The CPU decoding kernels cannot be built or loaded here (model.decoding_kernel='auto' "
-                        'decodes with XLA instead): %s', _loaded)
+        logging.warning('The CPU decoding kernels cannot be built or loaded here: %s', _loaded)
     if _loaded:
       raise KernelUnavailable(_loaded)
 

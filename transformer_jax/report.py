@@ -98,20 +98,18 @@ def _read_json(path: pathlib.Path) -> dict | None:
 def train_perplexity(workdir: pathlib.Path) -> float | None:
   """exp(mean 'train/nll') over the run's last TRAIN_PERPLEXITY_POINTS logged steps, or None without a curve.
 
-  Read from `curves.json` (an archived run) or else the run's TensorBoard events. It is measured on training
+  Read from the run's TensorBoard events, or else its `curves.json` (an archived run). It is measured on training
   batches with dropout on, so it sits above what the same parameters score without dropout: compare it across
   rows of one dropout rate, or its gap to dev perplexity, not its level with dev perplexity's (§5.4, over-fitting
   shows as a train perplexity that falls while dev perplexity does not).
   """
-  curves = _read_json(workdir / CURVES_FILE)
-  if curves is not None:
-    values = [value for _, value in curves.get('train/nll', [])]
-  elif any(p.name.startswith('events.out.tfevents.') for p in workdir.iterdir()):
+  values = []
+  if any(p.name.startswith('events.out.tfevents.') for p in workdir.iterdir()):  # Live (or rerun) first.
     from transformer_jax import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for live runs)
     scalars = inspection.read_scalars(workdir)
     values = list(scalars['train/nll'].values) if 'train/nll' in scalars else []
-  else:
-    values = []
+  if not values:
+    values = [value for _, value in (_read_json(workdir / CURVES_FILE) or {}).get('train/nll', [])]
   tail = values[-TRAIN_PERPLEXITY_POINTS:]
   return math.exp(statistics.fmean(tail)) if tail else None
 
@@ -414,8 +412,8 @@ def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[st
         (target / name).write_bytes((run / name).read_bytes())
     scalars = inspection.read_scalars(run)
     curves = {tag: [[int(s), float(v)] for s, v in zip(*scalars[tag])] for tag in ARCHIVED_CURVES if tag in scalars}
-    if not curves and (run / CURVES_FILE).is_file():  # An archived run copied back (no events): as it is.
-      curves = json.loads((run / CURVES_FILE).read_text(encoding='utf-8'))
+    if not curves:  # An archived run copied back (no events): its curves as they are.
+      curves = _read_json(run / CURVES_FILE) or {}
     (target / CURVES_FILE).write_text(json.dumps(curves), encoding='utf-8')
     archived.append(run.name)
   return archived
