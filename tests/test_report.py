@@ -119,6 +119,9 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
       (resumed / 'base' / name).write_bytes((tmp_path / 'archive' / 'base' / name).read_bytes())
   assert report.archive(resumed, tmp_path / 'archive') == ['base']
   assert json.loads((tmp_path / 'archive' / 'base' / 'curves.json').read_text()) == curves
+  # A run with events and a stale copied-back curves.json (rerun in place): the events count.
+  (runs / 'base' / 'curves.json').write_text(json.dumps({'train/nll': [[700, 100.0]]}))
+  assert report.train_perplexity(runs / 'base') == pytest.approx(np.exp(5.0))
 
 
 def test_train_perplexity_averages_the_last_progress_lines_and_the_seeds(tmp_path):
