@@ -17,8 +17,9 @@ The kernels are compiled on first use with the system's C++ compiler (`$CXX`, sp
 arguments are allowed and a path with spaces must be quoted; else `c++` or `g++`) for the CPU it runs on
 (`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default ~/.cache/transformer_jax/kernels), keyed by
 the source, compiler command, flags, compiler version, jaxlib version and CPU, and registered with XLA for the
-CPU platform; a cached build that no longer loads is built again. Without a compiler, `available()` is False (the first failure is logged with its reason) and the model
-decodes with the XLA path (`ModelConfig.decoding_kernel`).
+CPU platform; a cached build that no longer loads is built again. Without a compiler, `available()` is False
+(the first failure is logged with its reason) and the model decodes with the XLA path
+(`ModelConfig.decoding_kernel`).
 """
 import ctypes
 import hashlib
@@ -38,6 +39,7 @@ import jaxlib
 import numpy as np
 
 Array = jax.Array
+_log = logging.getLogger(__name__)
 
 _SOURCE = pathlib.Path(__file__).with_name('decoding_attention.cc')
 _FLAGS = ('-O3', '-march=native', '-fno-math-errno', '-fassociative-math', '-fno-signed-zeros',
@@ -127,7 +129,7 @@ def load() -> None:
         try:
           library, symbols = _open(path)
         except OSError as e:  # A cached build that does not load (e.g. truncated): build it once more.
-          logging.warning('Rebuilding the CPU decoding kernels: the cached build %s did not load (%s)', path, e)
+          _log.warning('Rebuilding the CPU decoding kernels: the cached build %s did not load (%s)', path, e)
           library, symbols = _open(_build(rebuild=True))
         for (kernel, dtype), symbol in symbols.items():
           jax.ffi.register_ffi_target(_target(kernel, dtype), jax.ffi.pycapsule(symbol), platform='cpu')
@@ -135,7 +137,7 @@ def load() -> None:
         _loaded = ''
       except (KernelUnavailable, OSError, AttributeError) as e:
         _loaded = str(e)
-        logging.warning('The CPU decoding kernels cannot be built or loaded here: %s', _loaded)
+        _log.warning('The CPU decoding kernels cannot be built or loaded here: %s', _loaded)
     if _loaded:
       raise KernelUnavailable(_loaded)
 
