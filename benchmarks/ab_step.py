@@ -12,9 +12,11 @@ whatever else the machine does falls on all of them alike. Prints each variant's
 Run it with nothing else on the machine where possible; alternation protects the ratio, not the absolutes.
 """
 from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
   host_allocator.use_fast_allocator()
+  logs.quiet_libtpu()  # libtpu's start-up errors where the `tpu` extra is installed without a TPU.
 
 import json
 import statistics

@@ -14,9 +14,11 @@ the machine does falls on all of them alike; the first call of ours (compilation
 Prints one JSON line per decoder (median and fastest sentences/s over the rounds); run it alone.
 """
 from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
   host_allocator.use_fast_allocator()
+  logs.quiet_libtpu()  # libtpu's start-up errors where the `tpu` extra is installed without a TPU.
 
 import argparse
 import dataclasses

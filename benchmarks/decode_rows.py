@@ -15,9 +15,11 @@ Prints one JSON line per measurement; run it alone on the machine (the figures a
 (session 14) has what it measured.
 """
 from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
   host_allocator.use_fast_allocator()
+  logs.quiet_libtpu()  # libtpu's start-up errors where the `tpu` extra is installed without a TPU.
 
 import argparse
 import json

@@ -13,9 +13,11 @@ step's wall time while traced, then per part its op time per step, its share and
 line is one JSON object. Run it alone on the machine: the figures are times.
 """
 from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
   host_allocator.use_fast_allocator()
+  logs.quiet_libtpu()  # libtpu's start-up errors where the `tpu` extra is installed without a TPU.
 
 import collections
 import gzip
