@@ -106,6 +106,24 @@ FINDINGS = (
              ('learned positions: the same BLEU', 'E', ('base',), 'dev_bleu', 'same'),
              ('learned positions: the same perplexity', 'E', ('base',), 'dev_perplexity', 'same'))),
 )
+# The later variants (rows F), each against base on both metrics, by what its paper claims for it at equal
+# size: 'same' where it claims quality kept (at a lower cost or with an easier schedule), 'better' where it
+# claims a gain. Not the 2017 paper's findings: their 'quote' names the claim in our words, not a quotation.
+_VARIANT_CLAIMS = (
+    ('F1', 'Xiong et al., 2020', 'pre-LN', 'same', 'pre-LN keeps post-LN\'s quality (and needs no warm-up)'),
+    ('F2', 'Zhang & Sennrich, 2019', 'RMSNorm', 'same', 'RMSNorm keeps layer norm\'s quality at a lower cost'),
+    ('F3', 'Su et al., 2021', 'rotary positions', 'better', 'rotary positions improve on absolute ones'),
+    ('F4', 'Shazeer, 2020', 'SwiGLU', 'better', 'a gated feed-forward improves on ReLU at equal parameters'),
+    ('F5', 'Shazeer, 2020', 'GeGLU', 'better', 'a gated feed-forward improves on ReLU at equal parameters'),
+    ('F6', 'Shazeer, 2019', 'one K/V head', 'same', 'multi-query attention costs little quality'),
+    ('F7', 'Ainslie et al., 2023', 'two K/V heads', 'same', 'grouped-query attention is close to multi-head'),
+    ('F8', 'the later recipe', 'the combination', 'better', 'the later parts together improve on the 2017 base'),
+)
+FINDINGS += tuple(
+    dict(finding=row, section=source, quote=f'(in our words) {claim}', checks=tuple(
+        (f'{name}: {"the same" if expected == "same" else "better"} {label}', row, ('base',), metric, expected)
+        for metric, label in (('dev_bleu', 'BLEU'), ('dev_perplexity', 'perplexity'))))
+    for row, source, name, expected, claim in _VARIANT_CLAIMS)
 
 
 def base_config() -> ml_collections.ConfigDict:

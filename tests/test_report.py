@@ -143,7 +143,8 @@ def test_findings_get_a_verdict_in_units_of_bases_noise(tmp_path):
   for seed, (perplexity, bleu) in enumerate(((9.0, 30.0), (9.2, 31.0), (9.4, 32.0))):  # σ: 0.2 and 1.0.
     fake_run(tmp_path / ('base' if seed == 0 else f'base.seed{seed}'), 'base', finished(perplexity) | {
         'validation_bleu': bleu})
-  for row, perplexity, bleu in (('A1', 9.5, 28.0), ('B1', 9.3, 30.5), ('D3', 8.5, 33.5), ('E', 9.1, 31.5)):
+  for row, perplexity, bleu in (('A1', 9.5, 28.0), ('B1', 9.3, 30.5), ('D3', 8.5, 33.5), ('E', 9.1, 31.5),
+                                ('F3', 9.0, 34.0), ('F6', 9.9, 30.0)):
     fake_run(tmp_path / row, row, finished(perplexity) | {'validation_bleu': bleu})
   text = report.write_report(tmp_path, ROWS_FILE)
   results = {(r['row'], r['metric']): r for r in json.loads((tmp_path / 'table3.json').read_text())['verdicts']}
@@ -156,7 +157,15 @@ def test_findings_get_a_verdict_in_units_of_bases_noise(tmp_path):
   assert results[('D3', 'dev_bleu')]['verdict'] == 'reversed'            # ... and BLEU 2.2 higher, not lower.
   assert results[('E', 'dev_bleu')]['verdict'] == 'holds'                # Learned positions: within noise.
   assert results[('C1', 'dev_perplexity')]['verdict'] == 'not run'
-  assert "The paper's findings, tested" in text and '| A (§6.2) ' in text
+  # Rows F by their own papers' claims: rotary positions 'better' (BLEU +3.0, 2.6 of σ; perplexity 0.2 lower,
+  # 0.87), one K/V head 'the same' (perplexity 0.7 higher: 3.0 of σ).
+  assert results[('F3', 'dev_bleu')]['verdict'] == 'holds' and results[('F3', 'dev_bleu')]['claim'] == (
+      'rotary positions: better BLEU')
+  assert results[('F3', 'dev_perplexity')]['verdict'] == 'within noise'
+  assert results[('F6', 'dev_perplexity')]['verdict'] == 'differs'
+  assert results[('F6', 'dev_bleu')]['verdict'] == 'holds'               # 1.0 lower: 0.87 of σ.
+  assert results[('F1', 'dev_bleu')]['verdict'] == 'not run'
+  assert 'The findings, tested' in text and '| A (§6.2) ' in text
 
 
 def test_findings_name_rows_of_the_table():

@@ -372,8 +372,9 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   text = markdown(records)
   findings = verdicts(records, getattr(rows_module, 'FINDINGS', ()))
   if findings:
-    text += ('\nThe paper\'s findings, tested (z: the difference in standard deviations of a difference of means, '
-             f'from base\'s seeds):\n\n{verdict_markdown(findings)}')
+    text += ('\nThe findings, tested (the paper\'s, by its section; rows F by the claims of their own papers; z: the '
+             'difference in standard deviations of a difference of means, from base\'s seeds):\n\n'
+             f'{verdict_markdown(findings)}')
   rho, count = rank_correlation(records)
   bleu_rho, bleu_count = rank_correlation(records, 'dev_bleu', 'paper_bleu_dev')
   nan_to_none = lambda x: None if math.isnan(x) else x
