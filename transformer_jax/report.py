@@ -244,13 +244,16 @@ NOISE_UNITS = 2.0  # A difference below this many of base's standard deviations 
 
 
 def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """Tests the paper's findings (a rows file's FINDINGS) on the records: one verdict per comparison.
+  """Tests a rows file's FINDINGS (the paper's, and any later paper's claims) on the records: one verdict per
+  comparison.
 
   Each check compares a row's mean over its seeds with the best of its reference rows on one metric. The noise
   is base's standard deviation over seeds (σ, one run's); the difference of a mean of n_row runs and one of
   n_ref runs has the standard deviation σ·sqrt(1/n_row + 1/n_ref), and z is the difference in those units.
   `holds` when z is at least NOISE_UNITS in the expected direction (or below it, for 'same'), `reversed` when
-  it is that large the other way ('differs' for 'same'), `within noise` otherwise; `no noise estimate` while
+  it is that large the other way ('differs' for 'same'), `within noise` otherwise; 'not worse' (a one-sided
+  claim: quality kept) `holds` unless z is NOISE_UNITS or more below, then `reversed`. For 'same' and 'not
+  worse', `holds` means no difference beyond noise was measured, not that the rows are equal; `no noise estimate` while
   base has fewer than two seeds, `not run` while a row is missing. Taking the best of several reference rows
   favours the reference: a 'worse' verdict against it is easier to reach than against one chosen in advance.
 
@@ -285,6 +288,8 @@ def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any
       z = sign * result['difference'] / result['sigma']
       if expected == 'same':
         verdict = 'holds' if abs(z) < NOISE_UNITS else 'differs'
+      elif expected == 'not worse':
+        verdict = 'holds' if z > -NOISE_UNITS else 'reversed'
       elif abs(z) < NOISE_UNITS:
         verdict = 'within noise'
       else:
@@ -372,8 +377,8 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   text = markdown(records)
   findings = verdicts(records, getattr(rows_module, 'FINDINGS', ()))
   if findings:
-    text += ('\nThe findings, tested (the paper\'s, by its section; rows F by the claims of their own papers; z: the '
-             'difference in standard deviations of a difference of means, from base\'s seeds):\n\n'
+    text += ('\nThe findings, tested (each by its source: a section of the paper, or the paper a variant comes from; '
+             'z: the difference in standard deviations of a difference of means, from base\'s seeds):\n\n'
              f'{verdict_markdown(findings)}')
   rho, count = rank_correlation(records)
   bleu_rho, bleu_count = rank_correlation(records, 'dev_bleu', 'paper_bleu_dev')
