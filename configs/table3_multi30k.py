@@ -100,7 +100,9 @@ FINDINGS = (
     dict(finding='D (label smoothing)', section='§5.4', quote='This hurts perplexity, as the model learns to be '
          'more unsure, but improves accuracy and BLEU score.', checks=(
              ('without it, perplexity is better', 'D3', ('base',), 'dev_perplexity', 'better'),
-             ('without it, BLEU is worse', 'D3', ('base',), 'dev_bleu', 'worse'))),
+             ('without it, BLEU is worse', 'D3', ('base',), 'dev_bleu', 'worse'),
+             ('with more (0.2), perplexity is worse', 'D4', ('base',), 'dev_perplexity', 'worse'),
+             ('with more (0.2), BLEU is better', 'D4', ('base',), 'dev_bleu', 'better'))),
     dict(finding='E', section='§6.2', quote='learned positional embeddings [...] nearly identical results to the '
          'base model', checks=(
              ('learned positions: the same BLEU', 'E', ('base',), 'dev_bleu', 'same'),
