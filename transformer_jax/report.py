@@ -254,8 +254,9 @@ def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any
   it is that large the other way ('differs' for 'same'), `within noise` otherwise; 'not worse' (a one-sided
   claim: quality kept) `holds` unless z is NOISE_UNITS or more below, then `reversed`. For 'same' and 'not
   worse', `holds` means that no difference beyond noise was measured, not that the rows are equal. `no noise
-  estimate` while base has fewer than two seeds, `not run` while a row is missing. Taking the best of several reference rows
-  favours the reference: a 'worse' verdict against it is easier to reach than against one chosen in advance.
+  estimate` while base has fewer than two seeds, `not run` while a row is missing. Taking the best of several
+  reference rows favours the reference: a 'worse' verdict against it is easier to reach than against one chosen
+  in advance.
 
   Returns:
     One dict per check: finding, section, quote, claim, row, reference (the best reference row), metric, value,
