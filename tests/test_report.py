@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from transformer_jax import report
 
@@ -57,8 +58,9 @@ def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
   assert records['C2']['status'] == 'not run'
   assert records['C1']['paper_ppl_dev'] == 6.11 and records['base']['paper_params_millions'] == 65
   # Ours 9.0 < 9.5 < 10.0 < 12.0 for base, A1, D1, C1; the paper's 4.92 < 5.29 < 5.77 < 6.11: the same order.
-  assert json.loads((tmp_path / 'table3.json').read_text())['spearman_dev_perplexity'] == pytest.approx(1.0)
-  assert 'Spearman rank correlation of dev perplexity with the paper\'s: 1.00 over 4 rows.' in text
+  assert json.loads((tmp_path / 'table3.json').read_text())['rank_correlations']['dev_perplexity']['spearman'] == (
+      pytest.approx(1.0))
+  assert "Spearman rank correlation of dev perplexity with the paper's: 1.00 over 4 rows (p = 0.000)." in text
   header = text.splitlines()[0]
   for column in ('dev PPL', 'dev BLEU', 'test BLEU', 'params', 'train min', 'paper PPL', 'P_drop', 'ε_ls'):
     assert column in header
@@ -66,7 +68,7 @@ def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
   assert (tmp_path / 'table3.csv').read_text().count('\n') == len(records) + 1
 
 
-def test_seeds_are_averaged_and_rows_measured_in_units_of_bases_noise(tmp_path):
+def test_seeds_are_averaged_and_rows_differ_from_base_with_an_interval(tmp_path):
   for seed, (perplexity, bleu) in enumerate(((9.0, 30.0), (9.2, 31.0), (9.4, 32.0))):
     fake_run(tmp_path / ('base' if seed == 0 else f'base.seed{seed}'), 'base', finished(perplexity) | {
         'validation_bleu': bleu})
@@ -78,13 +80,19 @@ def test_seeds_are_averaged_and_rows_measured_in_units_of_bases_noise(tmp_path):
   base = records['base']
   assert base['seeds'] == 3 and base['dev_perplexity'] == pytest.approx(9.2) and base['dev_bleu'] == 31.0
   assert base['dev_perplexity_std'] == pytest.approx(0.2) and base['dev_bleu_std'] == pytest.approx(1.0)
-  # A1: BLEU two of base's standard deviations below it, perplexity 1.5 above.
-  assert records['A1']['dev_bleu_delta_sigma'] == pytest.approx(-2.0)
-  assert records['A1']['dev_perplexity_delta_sigma'] == pytest.approx(1.5)
+  assert base['seed_ids'] == [0, 1, 2] and base['dev_bleu_values'] == [30.0, 31.0, 32.0]
+  # A1 (one seed) against base's three: one run's sigma is pooled within the rows with seeds (base alone here:
+  # 1.0 BLEU, 2 degrees of freedom); the difference's standard error is 1.0 * sqrt(1 + 1/3).
+  half = scipy.stats.t.ppf(0.975, 2) * (4 / 3) ** 0.5
+  assert records['A1']['dev_bleu_delta'] == pytest.approx(-2.0)
+  assert (records['A1']['dev_bleu_delta_low'], records['A1']['dev_bleu_delta_high']) == pytest.approx(
+      (-2.0 - half, -2.0 + half))
+  assert records['A1']['dev_perplexity_delta'] == pytest.approx(0.3) and records['base']['dev_bleu_delta'] is None
   assert records['A1']['seeds'] == 1 and records['A1']['dev_bleu_std'] is None
   assert records['C1']['status'] == 'finished 1 of 2 seeds' and records['C1']['dev_perplexity'] == 12.0
   assert 'base.seed1' not in records and 'C1.seed1' not in records  # Seeds are their row's, not extra rows.
   assert '| 9.20 ± 0.20 ' in text and '| 31.00 ± 1.00 ' in text
+  assert f'| -2.00 [{-2.0 - half:+.2f}, {-2.0 + half:+.2f}] ' in text
   assert "Spearman rank correlation of dev BLEU with the paper's:" in text
   assert 'dev_bleu_std' in (tmp_path / 'table3.csv').read_text().splitlines()[0]
 
@@ -124,6 +132,19 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
   assert report.train_perplexity(runs / 'base') == pytest.approx(np.exp(5.0))
 
 
+def test_archive_refuses_runs_without_curves(tmp_path):
+  runs = tmp_path / 'runs'
+  fake_run(runs / 'base', 'base', finished(9.0))
+  (runs / 'base' / 'curves.json').write_text(json.dumps({'train/nll': [[100, 5.0]], 'eval/perplexity': [[250, 9.0]]}))
+  fake_run(runs / 'A1', 'A1', finished(9.5))
+  (runs / 'A1' / 'curves.json').write_text('{}')  # As 16 runs of the first round were archived.
+  with pytest.raises(ValueError, match=r'no training or validation curve .* in A1; nothing archived'):
+    report.archive(runs, tmp_path / 'archive')
+  assert not (tmp_path / 'archive').exists()
+  (runs / 'A1' / 'curves.json').write_text(json.dumps({'train/nll': [[100, 5.0]], 'eval/perplexity': [[250, 9.5]]}))
+  assert report.archive(runs, tmp_path / 'archive') == ['A1', 'base']
+
+
 def test_train_perplexity_averages_the_last_progress_lines_and_the_seeds(tmp_path):
   for name, offset in (('base', 0.0), ('base.seed1', 0.2)):
     fake_run(tmp_path / name, 'base', finished(9.0))
@@ -139,35 +160,32 @@ def test_train_perplexity_averages_the_last_progress_lines_and_the_seeds(tmp_pat
   assert 'train PPL' in text.splitlines()[0]
 
 
-def test_findings_get_a_verdict_in_units_of_bases_noise(tmp_path):
-  for seed, (perplexity, bleu) in enumerate(((9.0, 30.0), (9.2, 31.0), (9.4, 32.0))):  # σ: 0.2 and 1.0.
+def test_findings_get_an_interval_a_holm_p_and_a_verdict_that_needs_three_seeds(tmp_path):
+  for seed, (perplexity, bleu) in enumerate(((9.0, 30.0), (9.2, 31.0), (9.4, 32.0))):  # sigma: 0.2 and 1.0.
     fake_run(tmp_path / ('base' if seed == 0 else f'base.seed{seed}'), 'base', finished(perplexity) | {
         'validation_bleu': bleu})
-  for row, perplexity, bleu in (('A1', 9.5, 28.0), ('B1', 9.3, 30.5), ('D3', 8.5, 33.5), ('E', 9.1, 31.5),
-                                ('F2', 9.2, 34.0), ('F3', 9.0, 34.0), ('F6', 9.9, 30.0)):
+  for seed, bleu in enumerate((24.0, 25.0, 26.0)):  # One head: 6 BLEU below base over three seeds.
+    fake_run(tmp_path / ('A1' if seed == 0 else f'A1.seed{seed}'), 'A1', finished(9.5) | {'validation_bleu': bleu})
+  for row, perplexity, bleu in (('B1', 9.3, 30.5), ('C1', 12.0, 31.0), ('E', 9.1, 31.5), ('F3', 9.0, 34.0)):
     fake_run(tmp_path / row, row, finished(perplexity) | {'validation_bleu': bleu})
   text = report.write_report(tmp_path, ROWS_FILE)
-  results = {(r['row'], r['metric']): r for r in json.loads((tmp_path / 'table3.json').read_text())['verdicts']}
-  # One run against base's mean of three: the difference's σ is 1.0 * sqrt(1 + 1/3) = 1.155 BLEU.
-  one_head = results[('A1', 'dev_bleu')]  # 28 against base's 31 (A2-A4 not run): 2.6 of those worse.
-  assert one_head['reference'] == 'base' and one_head['sigma'] == pytest.approx((4 / 3)**0.5)
-  assert one_head['z'] == pytest.approx(-3 / (4 / 3)**0.5) and one_head['verdict'] == 'holds'
-  assert results[('B1', 'dev_bleu')]['verdict'] == 'within noise'       # 0.4.
-  assert results[('D3', 'dev_perplexity')]['verdict'] == 'holds'         # Without smoothing: 3.0 lower.
-  assert results[('D3', 'dev_bleu')]['verdict'] == 'reversed'            # ... and BLEU 2.2 higher, not lower.
-  assert results[('E', 'dev_bleu')]['verdict'] == 'holds'                # Learned positions: within noise.
-  assert results[('C1', 'dev_perplexity')]['verdict'] == 'not run'
-  # Rows F by their own papers' claims: RoPE 'better' (BLEU +3.0, 2.6 of σ; perplexity 0.2 lower, 0.87 of σ);
-  # MQA 'not worse' (perplexity 0.7 higher: 3.0 of σ; BLEU 1.0 lower, 0.87); RMSNorm 'not worse' and better.
-  assert results[('F3', 'dev_bleu')]['verdict'] == 'holds' and results[('F3', 'dev_bleu')]['claim'] == (
-      'RoPE: better BLEU')
-  assert results[('F3', 'dev_perplexity')]['verdict'] == 'within noise'
-  assert results[('F6', 'dev_perplexity')]['verdict'] == 'reversed' and results[('F6', 'dev_perplexity')][
-      'claim'] == 'MQA (one K/V head): no worse perplexity'
-  assert results[('F6', 'dev_bleu')]['verdict'] == 'holds'
-  assert results[('F2', 'dev_bleu')]['verdict'] == 'holds'               # +3.0 BLEU: better is not worse.
+  written = json.loads((tmp_path / 'table3.json').read_text())
+  results = {(r['row'], r['metric']): r for r in written['verdicts']}
+  one_head = results[('A1', 'dev_bleu')]  # 25 against base's 31 (A2-A4 not run), Welch over 3 and 3 seeds.
+  assert one_head['reference'] == 'base' and one_head['test'] == 'welch' and one_head['difference'] == -6.0
+  assert one_head['high'] < 0 and one_head['p_holm'] <= 0.05 and one_head['verdict'] == 'holds'
+  assert one_head['paired']['difference'] == -6.0
+  b1 = results[('B1', 'dev_bleu')]  # 0.5 below, one seed against three: pooled sigma, inconclusive.
+  assert b1['test'] == 'pooled' and b1['low'] < 0 < b1['high'] and b1['verdict'] == 'inconclusive'
+  c1 = results[('C1', 'dev_perplexity')]  # 2.8 worse, far beyond the noise, but one seed.
+  assert c1['p_holm'] < 0.05 and c1['verdict'] == 'inconclusive (holds at 1 vs 3 seeds)'
+  assert results[('E', 'dev_bleu')]['verdict'] == 'inconclusive'  # 'The same': the interval is wider than 0.4.
+  assert results[('E', 'dev_bleu')]['margin'] == table3_multi30k.EQUIVALENCE_MARGINS['dev_bleu']
+  assert results[('F3', 'dev_bleu')]['family'] == 'variants' and results[('C1', 'dev_perplexity')]['family'] == 'paper'
   assert results[('F1', 'dev_bleu')]['verdict'] == 'not run'
-  assert 'The findings, tested' in text and '| A (§6.2) ' in text
+  families = {f['family']: f for f in written['families']}
+  assert families['paper']['expected_false_positives_unadjusted'] == pytest.approx(0.05 * families['paper']['checks'])
+  assert 'The findings, tested' in text and '| A (§6.2) ' in text and 'false positives are expected' in text
 
 
 def test_findings_name_rows_of_the_table():
@@ -179,8 +197,8 @@ def test_findings_name_rows_of_the_table():
 
 def test_rank_correlation_reverses_with_the_order():
   records = [dict(dev_perplexity=p, paper_ppl_dev=q) for p, q in ((1, 3), (2, 2), (3, 1), (None, 5))]
-  rho, count = report.rank_correlation(records)
-  assert count == 3 and rho == pytest.approx(-1.0)
+  rho, count, p, _, _ = report.rank_correlation(records)
+  assert count == 3 and rho == pytest.approx(-1.0) and p == pytest.approx(0.0)
   assert np.isnan(report.rank_correlation(records[:2])[0])
 
 

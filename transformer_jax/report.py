@@ -13,12 +13,14 @@ events); nothing is recomputed. Writes `table3.md`, `table3.csv`, `table3.json` 
 
 Seeds: `<DIR>/<row>.seed<k>` holds the same row trained with another seed (`launch/sweep_table3.sh --seeds`:
 train.seed and data.shuffle_seed = k; `<DIR>/<row>` is seed 0). A row with several finished seeds shows their
-mean ± sample standard deviation, and every row's difference from base is given in units of base's standard
-deviation over its seeds (the noise of training, measured).
+mean ± sample standard deviation (with the count where a figure exists for fewer of its seeds, e.g. a train
+perplexity from runs without a curve), and every row's difference from base with its 95% interval
+(`findings.difference`: Welch's, or one run's standard deviation pooled within the rows that have seeds). A rows
+file's FINDINGS are tested by `findings.verdicts` (Holm-adjusted p-values, verdicts that need three seeds a side).
 
 The paper's figures (newstest2013 perplexity per word piece and BLEU, parameters) stand beside ours; the
 Spearman rank correlations of the perplexity and BLEU columns with the paper's, over the rows that have both,
-close the table.
+with their p-values and 95% intervals, close the table.
 """
 import csv
 import importlib.util
@@ -37,6 +39,8 @@ from absl import flags
 import scipy.stats
 import tabulate
 
+from transformer_jax import findings as findings_lib
+from transformer_jax import significance
 from transformer_jax import workdir as workdir_lib
 
 _DEFAULT_ROWS = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'table3.py'
@@ -45,7 +49,8 @@ METRICS_FILE = workdir_lib.FINAL_METRICS
 SWEEP_STATUS_FILE = 'sweep_status.json'
 CURVES_FILE = 'curves.json'
 SEED_SUFFIX = '.seed'  # <row>.seed<k>: the row trained with seed k.
-# Figures averaged over a row's seeds; each also gets '<key>_std' (None for a single seed).
+# Figures averaged over a row's seeds; each also gets '<key>_std' (None below two values), '<key>_n' (how many
+# seeds have it) and '<key>_values' (per seed, in the order of 'seed_ids').
 SEED_METRICS = ('train_perplexity', 'dev_perplexity', 'dev_bleu', 'test_bleu', 'train_minutes')
 # Train perplexity: exp of the mean training nll per target token over the last this many progress lines (the
 # steps whose checkpoints are averaged, at the Multi30k table's 100-step logging), measured with dropout on.
@@ -57,12 +62,13 @@ COLUMNS = (
     ('d_ff', 'd_ff'), ('h', 'num_heads'), ('d_k', 'd_k'), ('d_v', 'd_v'), ('P_drop', 'dropout_rate'),
     ('ε_ls', 'label_smoothing'), ('train steps', 'train_steps'), ('seeds', 'seeds'),
     ('train PPL', 'train_perplexity'), ('dev PPL', 'dev_perplexity'),
-    ('dev BLEU', 'dev_bleu'), ('test BLEU', 'test_bleu'), ('Δ dev PPL / σ', 'dev_perplexity_delta_sigma'),
-    ('Δ dev BLEU / σ', 'dev_bleu_delta_sigma'), ('params ×10⁶', 'params_millions'),
+    ('dev BLEU', 'dev_bleu'), ('test BLEU', 'test_bleu'), ('Δ dev PPL [95% CI]', 'dev_perplexity_delta'),
+    ('Δ dev BLEU [95% CI]', 'dev_bleu_delta'), ('params ×10⁶', 'params_millions'),
     ('train min', 'train_minutes'), ('paper PPL', 'paper_ppl_dev'), ('paper BLEU', 'paper_bleu_dev'),
     ('paper params', 'paper_params_millions'),
 )
-CSV_KEYS = [key for _, key in COLUMNS] + [f'{key}_std' for key in SEED_METRICS]
+CSV_KEYS = ([key for _, key in COLUMNS] + [f'{key}_std' for key in SEED_METRICS] + [f'{key}_n' for key in SEED_METRICS]
+            + [f'{metric}_delta_{end}' for metric in ('dev_perplexity', 'dev_bleu') for end in ('low', 'high')])
 
 
 def load_rows_module(path: str | os.PathLike[str]):
@@ -158,31 +164,25 @@ def seed_of(name: str, row: str) -> int | None:
   return int(match[1]) if match else None
 
 
-def merge_seeds(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-  """One line for a row from its seeds' records (seed 0 first): SEED_METRICS averaged over the finished seeds,
-  with their sample standard deviation as '<key>_std' (None below two seeds); 'seeds' counts the finished ones.
+def merge_seeds(records: Sequence[dict[str, Any]], seeds: Sequence[int] | None = None) -> dict[str, Any]:
+  """One line for a row from its seeds' records (seed 0 first; `seeds` their seed numbers, default 0, 1, ...):
+  SEED_METRICS averaged over the finished seeds that have them, with '<key>_std' (sample standard deviation,
+  None below two values), '<key>_n' and '<key>_values' (per finished seed, None where a seed lacks the figure);
+  'seeds' counts the finished seeds and 'seed_ids' names them.
   """
-  finished = [r for r in records if r['status'] == 'finished']
-  merged = dict(finished[0] if finished else records[0])
-  merged['seeds'] = len(finished)
+  seeds = list(seeds) if seeds is not None else list(range(len(records)))
+  finished = [(seed, r) for seed, r in zip(seeds, records) if r['status'] == 'finished']
+  merged = dict(finished[0][1] if finished else records[0])
+  merged['seeds'], merged['seed_ids'] = len(finished), [seed for seed, _ in finished]
   for key in SEED_METRICS:
-    values = [r[key] for r in finished if r[key] is not None]
+    merged[f'{key}_values'] = [r[key] for _, r in finished]
+    values = [r[key] for _, r in finished if r[key] is not None]
     merged[key] = statistics.fmean(values) if values else merged[key]
     merged[f'{key}_std'] = statistics.stdev(values) if len(values) >= 2 else None
+    merged[f'{key}_n'] = len(values)
   if finished and len(finished) < len(records):
     merged['status'] = f'finished {len(finished)} of {len(records)} seeds'
   return merged
-
-
-def add_noise_units(records: Sequence[dict[str, Any]]) -> None:
-  """Sets each record's 'dev_perplexity_delta_sigma' and 'dev_bleu_delta_sigma': its difference from base in
-  units of base's standard deviation over seeds (None where base has fewer than two finished seeds)."""
-  base = next((r for r in records if r['row'] == 'base'), None)
-  for record in records:
-    for key in ('dev_perplexity', 'dev_bleu'):
-      sigma = base and base.get(f'{key}_std')
-      known = sigma and record[key] is not None and base[key] is not None
-      record[f'{key}_delta_sigma'] = (record[key] - base[key]) / sigma if known else None
 
 
 def collect(directory: str | os.PathLike[str], rows_module) -> list[dict[str, Any]]:
@@ -196,116 +196,58 @@ def collect(directory: str | os.PathLike[str], rows_module) -> list[dict[str, An
     claimed |= {name for _, name in seeds}
     workdirs = [directory / name for _, name in seeds] or [directory / row]
     records.append(merge_seeds([run_record(row, workdir, rows_module.NOTES.get(row, ''),
-                                           rows_module.PAPER.get(row)) for workdir in workdirs]))
+                                           rows_module.PAPER.get(row)) for workdir in workdirs],
+                               [seed for seed, _ in seeds] or [0]))
   records += [merge_seeds([run_record(name, directory / name, '(not a row of the rows file)', None)])
               for name in names if name not in claimed]
-  add_noise_units(records)
+  findings_lib.row_differences(records)
   return records
 
 
 def rank_correlation(records: Sequence[dict[str, Any]], ours: str = 'dev_perplexity',
-                     paper: str = 'paper_ppl_dev') -> tuple[float, int]:
-  """(Spearman's rho between our and the paper's column, number of rows with both); nan below 3 rows.
+                     paper: str = 'paper_ppl_dev') -> tuple[float, int, float, float, float]:
+  """Spearman's rho between our and the paper's column: (rho, rows with both, two-sided p, 95% interval low,
+  high; `significance.spearman`); nan where undefined (fewer than 3 rows, a constant column).
 
   The default compares dev perplexities; `ours='dev_bleu', paper='paper_bleu_dev'` compares BLEUs.
   """
   pairs = [(r[ours], r[paper]) for r in records if r[ours] is not None and r[paper] is not None]
-  if len(pairs) < 3 or len({p[0] for p in pairs}) < 2 or len({p[1] for p in pairs}) < 2:
-    return math.nan, len(pairs)  # A constant column has no ranks.
-  rho = scipy.stats.spearmanr([p[0] for p in pairs], [p[1] for p in pairs]).statistic
-  return float(rho), len(pairs)
+  rho, p, low, high = significance.spearman([p[0] for p in pairs], [p[1] for p in pairs])
+  return rho, len(pairs), p, low, high
 
 
-def _cell(value: Any, std: float | None = None) -> str:
+def _cell(value: Any, std: float | None = None, count: int | None = None, seeds: int | None = None) -> str:
   if value is None:
     return '–'
   if isinstance(value, float):
     text = f'{value:.2f}' if abs(value) < 1000 else f'{value:.0f}'
-    return text if std is None else f'{text} ± {std:.2f}'
+    text = text if std is None else f'{text} ± {std:.2f}'
+    return text if count is None or count == seeds or count < 2 else f'{text} ({count} seeds)'
   return str(value)
 
 
+def _record_cell(record: dict[str, Any], key: str) -> str:
+  if key.endswith('_delta'):
+    value = record.get(key)
+    return '–' if value is None else f'{value:+.2f} [{record[key + "_low"]:+.2f}, {record[key + "_high"]:+.2f}]'
+  return _cell(record[key], record.get(f'{key}_std'), record.get(f'{key}_n'), record.get('seeds'))
+
+
 def _correlation_line(records: Sequence[dict[str, Any]], what: str, ours: str, paper: str) -> str:
-  rho, count = rank_correlation(records, ours, paper)
-  return (f"Spearman rank correlation of {what} with the paper's: "
-          f'{_cell(rho) if not math.isnan(rho) else "n/a"} over {count} rows.')
+  rho, count, p, low, high = rank_correlation(records, ours, paper)
+  if math.isnan(rho):
+    return f"Spearman rank correlation of {what} with the paper's: n/a over {count} rows."
+  interval = '' if math.isnan(low) else f', 95% interval [{low:.2f}, {high:.2f}]'
+  return f"Spearman rank correlation of {what} with the paper's: {rho:.2f} over {count} rows (p = {p:.3f}{interval})."
 
 
 def markdown(records: Sequence[dict[str, Any]]) -> str:
-  """Table 3's layout as a GitHub Markdown table (means ± standard deviations over seeds), then the
-  rank-correlation lines."""
-  table = tabulate.tabulate([[_cell(r[key], r.get(f'{key}_std')) for _, key in COLUMNS] for r in records],
+  """Table 3's layout as a GitHub Markdown table (means ± standard deviations over seeds; each row's difference
+  from base with its 95% interval), then the rank-correlation lines."""
+  table = tabulate.tabulate([[_record_cell(r, key) for _, key in COLUMNS] for r in records],
                             headers=[header for header, _ in COLUMNS], tablefmt='github', disable_numparse=True)
   return (f'{table}\n\n{_correlation_line(records, "dev perplexity", "dev_perplexity", "paper_ppl_dev")}\n'
           f'{_correlation_line(records, "dev BLEU", "dev_bleu", "paper_bleu_dev")}\n')
-
-
-NOISE_UNITS = 2.0  # A difference below this many of base's standard deviations is within noise.
-
-
-def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """Tests a rows file's FINDINGS (the paper's, and any later paper's claims) on the records: one verdict per
-  comparison.
-
-  Each check compares a row's mean over its seeds with the best of its reference rows on one metric. The noise
-  is base's standard deviation over seeds (σ, one run's); the difference of a mean of n_row runs and one of
-  n_ref runs has the standard deviation σ·sqrt(1/n_row + 1/n_ref), and z is the difference in those units.
-  `holds` when z is at least NOISE_UNITS in the expected direction (or below it, for 'same'), `reversed` when
-  it is that large the other way ('differs' for 'same'), `within noise` otherwise; 'not worse' (a one-sided
-  claim: quality kept) `holds` unless z is NOISE_UNITS or more below, then `reversed`. For 'same' and 'not
-  worse', `holds` means that no difference beyond noise was measured, not that the rows are equal. `no noise
-  estimate` while base has fewer than two seeds, `not run` while a row is missing. Taking the best of several
-  reference rows favours the reference: a 'worse' verdict against it is easier to reach than against one chosen
-  in advance.
-
-  Returns:
-    One dict per check: finding, section, quote, claim, row, reference (the best reference row), metric, value,
-    reference_value, difference, sigma (of the difference), z (difference / sigma, signed so that positive is
-    better) and verdict.
-  """
-  by_row = {r['row']: r for r in records}
-  base = by_row.get('base', {})
-  out = []
-  for finding in findings:
-    for claim, row, references, metric, expected in finding['checks']:
-      higher_is_better = metric != 'dev_perplexity'
-      known = [r for r in references if by_row.get(r, {}).get(metric) is not None]
-      best = (max if higher_is_better else min)(known, key=lambda r: by_row[r][metric]) if known else None
-      value = by_row.get(row, {}).get(metric)
-      result = dict(finding=finding['finding'], section=finding['section'], quote=finding['quote'], claim=claim,
-                    row=row, reference=best, metric=metric, value=value,
-                    reference_value=by_row[best][metric] if best else None, difference=None, sigma=None, z=None)
-      if value is None or best is None:
-        out.append(result | {'verdict': 'not run'})
-        continue
-      result['difference'] = value - result['reference_value']
-      sign = 1.0 if higher_is_better else -1.0
-      run_sigma = base.get(f'{metric}_std')
-      if not run_sigma:
-        out.append(result | {'verdict': 'no noise estimate'})
-        continue
-      seeds = lambda r: max(by_row[r].get('seeds') or 1, 1)
-      result['sigma'] = run_sigma * math.sqrt(1 / seeds(row) + 1 / seeds(best))
-      z = sign * result['difference'] / result['sigma']
-      if expected == 'same':
-        verdict = 'holds' if abs(z) < NOISE_UNITS else 'differs'
-      elif expected == 'not worse':
-        verdict = 'holds' if z > -NOISE_UNITS else 'reversed'
-      elif abs(z) < NOISE_UNITS:
-        verdict = 'within noise'
-      else:
-        verdict = 'holds' if (z > 0) == (expected == 'better') else 'reversed'
-      out.append(result | {'z': z, 'verdict': verdict})
-  return out
-
-
-def verdict_markdown(results: Sequence[dict[str, Any]]) -> str:
-  """The verdicts as a Markdown table: finding, claim, the figures, z (positive: better) and the verdict."""
-  rows = [[f"{r['finding']} ({r['section']})", r['claim'],
-           f"{r['row']} {_cell(r['value'])} vs {r['reference'] or '–'} {_cell(r['reference_value'])}",
-           r['metric'].replace('_', ' '), _cell(r['sigma']), _cell(r['z']), r['verdict']] for r in results]
-  return tabulate.tabulate(rows, headers=['finding', 'claim', 'figures', 'metric', 'σ of the difference', 'z',
-                                          'verdict'], tablefmt='github', disable_numparse=True) + '\n'
 
 
 def to_csv(records: Sequence[dict[str, Any]]) -> str:
@@ -320,8 +262,9 @@ def to_csv(records: Sequence[dict[str, Any]]) -> str:
 def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
   """Two panels by row, ours beside the paper's (its own right axis: the corpora differ): dev perplexity (log
   scale) and dev BLEU. Ours are means with error bars of one standard deviation over seeds; the shaded band is
-  base's mean ± NOISE_UNITS standard deviations of a one-seed row's difference from it (`verdicts`), so a
-  one-seed row inside it is within noise of base."""
+  base's mean ± the half-width of the 95% interval of a one-seed row's difference from it (one run's standard
+  deviation pooled within the rows that have seeds, `findings.pooled`), so a one-seed row inside it does not
+  differ from base at the 5% level (before any correction for the many rows)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -335,10 +278,11 @@ def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -
     done = [(p, r) for p, r in zip(positions, rows) if r[ours] is not None]
     axis.errorbar([p for p, _ in done], [r[ours] for _, r in done], yerr=[r.get(f'{ours}_std') or 0.0 for _, r in done],
                   fmt='o', capsize=3, color='tab:blue', label='ours (left axis), ± std over seeds')
-    if base is not None and base.get(f'{ours}_std'):
-      half = NOISE_UNITS * base[f'{ours}_std'] * math.sqrt(1 + 1 / max(base.get('seeds') or 1, 1))
+    sigma, df = findings_lib.pooled(records, ours)
+    if base is not None and base[ours] is not None and df >= 1:
+      half = scipy.stats.t.ppf(0.975, df) * sigma * math.sqrt(1 + 1 / max(base.get(f'{ours}_n') or 1, 1))
       axis.axhspan(base[ours] - half, base[ours] + half, color='tab:blue', alpha=0.12,
-                   label=f'base ± {NOISE_UNITS:g} σ of a one-seed difference')
+                   label='base ± 95% interval of a one-seed difference')
     paper_axis = axis.twinx()
     known = [(p, r) for p, r in zip(positions, rows) if r[paper] is not None]
     paper_axis.plot([p for p, _ in known], [r[paper] for _, r in known], 'D', color='tab:orange',
@@ -376,20 +320,25 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   output = pathlib.Path(output_dir or directory)
   output.mkdir(parents=True, exist_ok=True)
   text = markdown(records)
-  findings = verdicts(records, getattr(rows_module, 'FINDINGS', ()))
-  if findings:
+  results = findings_lib.verdicts(records, getattr(rows_module, 'FINDINGS', ()),
+                                  getattr(rows_module, 'EQUIVALENCE_MARGINS', None))
+  if results:
     text += ('\nThe findings, tested (each by its source: a section of the paper, or the paper a variant comes from; '
-             'z: the difference in standard deviations of a difference of means, from base\'s seeds):\n\n'
-             f'{verdict_markdown(findings)}')
-  rho, count = rank_correlation(records)
-  bleu_rho, bleu_count = rank_correlation(records, 'dev_bleu', 'paper_bleu_dev')
-  nan_to_none = lambda x: None if math.isnan(x) else x
+             'the difference is row minus reference with its 95% interval; p two-sided; Holm p adjusted within '
+             'its family; transformer_jax.findings):\n\n'
+             f'{findings_lib.markdown(results)}')
+  nan_to_none = lambda x: None if isinstance(x, float) and math.isnan(x) else x
+  correlations = {}
+  for name, ours, paper in (('dev_perplexity', 'dev_perplexity', 'paper_ppl_dev'),
+                            ('dev_bleu', 'dev_bleu', 'paper_bleu_dev')):
+    rho, count, p, low, high = rank_correlation(records, ours, paper)
+    correlations[name] = {'spearman': nan_to_none(rho), 'rows': count, 'p': nan_to_none(p),
+                          'low': nan_to_none(low), 'high': nan_to_none(high)}
   (output / 'table3.md').write_text(text, encoding='utf-8')
   (output / 'table3.csv').write_text(to_csv(records), encoding='utf-8')
   (output / 'table3.json').write_text(json.dumps(
-      {'rows': records, 'verdicts': findings, 'spearman_dev_perplexity': nan_to_none(rho), 'rows_compared': count,
-       'spearman_dev_bleu': nan_to_none(bleu_rho), 'rows_compared_bleu': bleu_count},
-      indent=2, ensure_ascii=False), encoding='utf-8')
+      {'rows': records, 'verdicts': results, 'families': findings_lib.family_summary(results),
+       'rank_correlations': correlations}, indent=2, ensure_ascii=False), encoding='utf-8')
   plot_rows(records, output / 'table3.png')
   return text
 
@@ -404,26 +353,36 @@ def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[st
   checkpoints. A report of `archive_dir` gives the same lines for those runs; copied back into a sweep's
   directory, they are skipped (`launch/sweep_table3.sh` resumes from `final_metrics.json`), and archived again
   they keep their `curves.json` (they have no events to read it from). Unfinished runs are left out: without
-  their checkpoints they could not resume.
+  their checkpoints they could not resume. Every run must have its curves: a figure the report or its doc quotes
+  (train perplexity, a curve's shape) has to be recomputable from the archive.
 
   Returns:
     The names of the runs archived (those with a final_metrics.json).
+
+  Raises:
+    ValueError: naming every finished run without a training curve ('train/nll') or a validation curve
+      ('eval/perplexity'); nothing is written then.
   """
   from transformer_jax import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for archiving)
-  archived = []
+  runs = {}
   for run in sorted(p for p in pathlib.Path(directory).iterdir() if (p / METRICS_FILE).is_file()):
+    scalars = inspection.read_scalars(run)
+    curves = {tag: [[int(s), float(v)] for s, v in zip(*scalars[tag])] for tag in ARCHIVED_CURVES if tag in scalars}
+    if not curves:  # An archived run copied back (no events): its curves as they are.
+      curves = _read_json(run / CURVES_FILE) or {}
+    runs[run] = curves
+  empty = [run.name for run, curves in runs.items() if not curves.get('train/nll') or not curves.get('eval/perplexity')]
+  if empty:
+    raise ValueError(f'{directory}: no training or validation curve (TensorBoard events or {CURVES_FILE}) in '
+                     f'{", ".join(empty)}; nothing archived: retrain these runs, or move them out of {directory}')
+  for run, curves in runs.items():
     target = pathlib.Path(archive_dir) / run.name
     target.mkdir(parents=True, exist_ok=True)
     for name in ARCHIVED_FILES:
       if (run / name).is_file():
         (target / name).write_bytes((run / name).read_bytes())
-    scalars = inspection.read_scalars(run)
-    curves = {tag: [[int(s), float(v)] for s, v in zip(*scalars[tag])] for tag in ARCHIVED_CURVES if tag in scalars}
-    if not curves:  # An archived run copied back (no events): its curves as they are.
-      curves = _read_json(run / CURVES_FILE) or {}
     (target / CURVES_FILE).write_text(json.dumps(curves), encoding='utf-8')
-    archived.append(run.name)
-  return archived
+  return [run.name for run in runs]
 
 
 _ROWS = flags.DEFINE_string('rows', str(_DEFAULT_ROWS), 'The rows file: configs/table3.py or '
@@ -443,7 +402,10 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR] '
                          '[--archive=DIR]')
   if _ARCHIVE.value:
-    archive(argv[1], _ARCHIVE.value)
+    try:
+      archive(argv[1], _ARCHIVE.value)
+    except ValueError as e:
+      raise app.UsageError(str(e)) from e
   print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value), end='')
 
 
