@@ -105,9 +105,12 @@ FINDINGS = (
     dict(finding='D (label smoothing)', section='§5.4', quote='This hurts perplexity, as the model learns to be '
          'more unsure, but improves accuracy and BLEU score.', checks=(
              ('without it, perplexity is better', 'D3', ('base',), 'dev_perplexity', 'better'),
-             ('without it, BLEU is worse', 'D3', ('base',), 'dev_bleu', 'worse'),
-             ('with more (0.2), perplexity is worse', 'D4', ('base',), 'dev_perplexity', 'worse'),
-             ('with more (0.2), BLEU is better', 'D4', ('base',), 'dev_bleu', 'better'))),
+             ('without it, BLEU is worse', 'D3', ('base',), 'dev_bleu', 'worse'))),
+    # §5.4 compares smoothing with none; its Table 3 prints more smoothing (row D, 0.2) with a worse perplexity,
+    # 5.47 against 4.92, and BLEU 25.7 against 25.8 (no claim either way on BLEU, so none is tested).
+    dict(finding='D (more smoothing)', section='Table 3', quote='row D, eps_ls = 0.2: PPL 5.47, BLEU 25.7 '
+         '(base 4.92, 25.8)', checks=(
+             ('with more (0.2), perplexity is worse', 'D4', ('base',), 'dev_perplexity', 'worse'),)),
     dict(finding='E', section='§6.2', quote='learned positional embeddings [...] nearly identical results to the '
          'base model', checks=(
              ('learned positions: the same BLEU', 'E', ('base',), 'dev_bleu', 'same'),

@@ -92,8 +92,9 @@ def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any
   Returns:
     One dict per check: finding, section, quote, family, claim, row, reference, metric, expected, value,
     reference_value, seeds, reference_seeds, difference, low, high (the 95% interval), standard_error, df, test,
-    t (signed: positive is better), p, p_holm, margin, paired ({difference, low, high, p} or None), verdict and
-    reason.
+    t (signed: positive is better), p, p_holm, margin, verdict and reason; beside them, not read by the verdict,
+    paired ({difference, low, high, p, df}: seed-paired, or None) and pooled ({low, high, p, df}: the interval
+    with the pooled sigma whatever the seeds, a check of Welch's few degrees of freedom).
   """
   margins = margins or EQUIVALENCE_MARGINS
   by_row = {r['row']: r for r in records}
@@ -110,7 +111,8 @@ def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any
                     expected=expected, value=record.get(metric), reference_value=reference.get(metric),
                     seeds=len(_values(record, metric)), reference_seeds=len(_values(reference, metric)),
                     difference=None, low=None, high=None, standard_error=None, df=None, test=None, t=None, p=None,
-                    p_holm=None, margin=None, paired=None, verdict='not run', reason='a row has no result')
+                    p_holm=None, margin=None, paired=None, pooled=None, verdict='not run',
+                    reason='a row has no result')
       found = difference(record, reference, metric, sigmas[metric]) if best else None
       if found is None:
         if result['value'] is not None and best:
@@ -118,11 +120,15 @@ def verdicts(records: Sequence[dict[str, Any]], findings: Sequence[dict[str, Any
         out.append(result)
         continue
       paired = paired_difference(record, reference, metric)
+      a, b = _values(record, metric), _values(reference, metric)
+      pooled_found = significance.with_pooled_sigma(a, b, *sigmas[metric]) if sigmas[metric][1] >= 1 else None
       result |= {'difference': found.difference, 'low': found.low, 'high': found.high,
                  'standard_error': found.standard_error, 'df': found.df, 'test': found.test, 't': sign * found.t,
                  'p': found.p, 'margin': _margin(metric, reference[metric], margins),
                  'paired': paired and {'difference': paired.difference, 'low': paired.low, 'high': paired.high,
-                                       'p': paired.p}}
+                                       'p': paired.p, 'df': paired.df},
+                 'pooled': pooled_found and {'low': pooled_found.low, 'high': pooled_found.high, 'p': pooled_found.p,
+                                             'df': pooled_found.df}}
       out.append(result)
   for family in sorted({r['family'] for r in out}):
     tested = [r for r in out if r['family'] == family and r['p'] is not None]

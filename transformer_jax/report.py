@@ -60,7 +60,7 @@ TRAIN_PERPLEXITY_POINTS = 5
 COLUMNS = (
     ('row', 'row'), ('change', 'change'), ('status', 'status'), ('N', 'num_layers'), ('d_model', 'd_model'),
     ('d_ff', 'd_ff'), ('h', 'num_heads'), ('d_k', 'd_k'), ('d_v', 'd_v'), ('P_drop', 'dropout_rate'),
-    ('ε_ls', 'label_smoothing'), ('train steps', 'train_steps'), ('seeds', 'seeds'),
+    ('ε_ls', 'label_smoothing'), ('peak lr', 'peak_learning_rate'), ('train steps', 'train_steps'), ('seeds', 'seeds'),
     ('train PPL', 'train_perplexity'), ('dev PPL', 'dev_perplexity'),
     ('dev BLEU', 'dev_bleu'), ('test BLEU', 'test_bleu'), ('Δ dev PPL [95% CI]', 'dev_perplexity_delta'),
     ('Δ dev BLEU [95% CI]', 'dev_bleu_delta'), ('params ×10⁶', 'params_millions'),
@@ -137,6 +137,9 @@ def run_record(row: str, workdir: pathlib.Path, note: str, paper: dict | None) -
   for key in ('num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'dropout_rate'):
     record[key] = model.get(key)
   record['label_smoothing'] = train.get('label_smoothing')
+  if model.get('d_model') and train.get('warmup_steps'):  # §5.3's peak: scale * d_model^-0.5 * warmup^-0.5.
+    record['peak_learning_rate'] = (train.get('learning_rate_scale', 1.0) * model['d_model'] ** -0.5
+                                    * train['warmup_steps'] ** -0.5)
   metrics = _read_json(workdir / METRICS_FILE)
   sweep = _read_json(workdir / SWEEP_STATUS_FILE) or {}
   if metrics is None:  # Unfinished or failed: the steps trained so far (the newest checkpoint), not the goal.
@@ -220,7 +223,7 @@ def _cell(value: Any, std: float | None = None, count: int | None = None, seeds:
   if value is None:
     return '–'
   if isinstance(value, float):
-    text = f'{value:.2f}' if abs(value) < 1000 else f'{value:.0f}'
+    text = f'{value:.2f}' if 0.01 <= abs(value) < 1000 or value == 0 else f'{value:.3g}'
     text = text if std is None else f'{text} ± {std:.2f}'
     return text if count is None or count == seeds or count < 2 else f'{text} ({count} seeds)'
   return str(value)
