@@ -17,9 +17,9 @@
 # --launcher={local,slurm,tpu} (default local), --skip-compile-check (tpu: launch without
 # first compiling every chosen row's train step for ACCELERATOR_TYPE, default v4-8, with the TPU compiler on
 # this machine; the check needs `pip install -e '.[tpu]'` and stops the sweep before any row is launched when a
-# row does not fit), --table={paper,multi30k} (the rows of
-# configs/table3.py or configs/table3_multi30k.py; default paper), --workdir-root=DIR (default runs/table3 or
-# runs/table3_multi30k; row R trains in DIR/R), --rerun (also rows that finished). Rows default to all of ROWS,
+# row does not fit), --table={paper,multi30k,recipes} (the rows of configs/table3.py, configs/table3_multi30k.py
+# or the main job's candidate recipes, configs/multi30k_recipes.py; default paper), --workdir-root=DIR (default
+# runs/table3, runs/table3_multi30k or runs/multi30k_recipes; row R trains in DIR/R), --rerun (also rows that finished). Rows default to all of ROWS,
 # in table order; a row whose workdir holds final_metrics.json has finished and is skipped, so an interrupted
 # sweep completes on the next invocation (a partly trained row resumes from its checkpoints). Local runs
 # record their exit status in DIR/R/sweep_status.json, and the sweep ends with `python -m
@@ -83,7 +83,8 @@ seeds=("${normalised[@]}")
 case "$table" in
   paper) config_file=configs/table3.py; module=table3 ;;
   multi30k) config_file=configs/table3_multi30k.py; module=table3_multi30k ;;
-  *) echo "--table must be paper or multi30k, got '$table'" >&2; exit 2 ;;
+  recipes) config_file=configs/multi30k_recipes.py; module=multi30k_recipes ;;
+  *) echo "--table must be paper, multi30k or recipes, got '$table'" >&2; exit 2 ;;
 esac
 workdir_root=${workdir_root:-runs/$module}
 

@@ -14,6 +14,7 @@ from ml_collections import config_flags
 import pytest
 
 from transformer_jax import config_checks
+from transformer_jax import flops
 from transformer_jax import model as model_lib
 from transformer_jax import summary
 
@@ -32,7 +33,9 @@ def load_config_module(path: pathlib.Path):
 
 TABLE3 = load_config_module(CONFIG_DIR / 'table3.py')
 TABLE3_MULTI30K = load_config_module(CONFIG_DIR / 'table3_multi30k.py')
-ROW_FILES = {'table3.py': TABLE3, 'table3_multi30k.py': TABLE3_MULTI30K}  # Configs named as file.py:<row>.
+RECIPES = load_config_module(CONFIG_DIR / 'multi30k_recipes.py')
+ROW_FILES = {'table3.py': TABLE3, 'table3_multi30k.py': TABLE3_MULTI30K,  # Configs named as file.py:<row>.
+             'multi30k_recipes.py': RECIPES}
 # (file name, argument after the colon or None): every way a config can be named on the command line.
 CONFIG_FILES = sorted(p for p in CONFIG_DIR.glob('*.py') if not p.name.startswith('_'))  # _*.py: not configs.
 CONFIG_ARGS = [(path.name, None) for path in CONFIG_FILES if path.name not in ROW_FILES]
@@ -205,3 +208,16 @@ def test_validation_names_a_bad_decoding_batch():
     config.decode.concurrent_batches = value
     with pytest.raises(ValueError, match=r'decode\.concurrent_batches must be an integer >= 0'):
       config_checks.validate_config(config, num_devices=1)
+
+
+@pytest.mark.parametrize('recipe', list(RECIPES.ROWS))
+def test_multi30k_recipes_train_within_the_main_jobs_compute(recipe):
+  """Each candidate recipe's analytic training FLOPs are the main job's (8,000 steps of 96.4 GFLOP) within 1%
+  or less: Multi30k's packed rows are 64 tokens long, so a batch is [tokens_per_batch / 64, 64]."""
+  def train_flops(config):
+    rows = config.data.tokens_per_batch // 64
+    return flops.train_step_flops(model_config(config), rows, 64, 64) * config.train.num_train_steps
+  main_job = train_flops(load('multi30k.py', None))
+  assert main_job == pytest.approx(RECIPES.BUDGET_FLOPS, rel=1e-4)
+  assert 0.97 * main_job <= train_flops(load('multi30k_recipes.py', recipe)) <= 1.01 * main_job
+  assert set(RECIPES.NOTES) == set(RECIPES.ROWS)

@@ -1,0 +1,66 @@
+"""Candidate recipes for the Multi30k main job, each a set of changes to configs/multi30k.py, compared over seeds.
+
+  launch/sweep_table3.sh --table=recipes --seeds=0,1,2 paper modern -- \
+      --config.data.manual_dir=../shared/data/multi30k
+  python -m transformer_jax.report runs/multi30k_recipes --rows=configs/multi30k_recipes.py
+
+Every recipe keeps the paper's architecture (post-LN, sinusoidal positions, shared embeddings, §5.3's schedule
+shape, §6.1's averaging and beam search) except `modern` (configs/multi30k_modern.py), and stays within the main
+job's training compute: at most BUDGET_FLOPS, 8,000 steps of 96.4 GFLOP (`flops.train_step_flops` at the packed
+[32, 64] batch of 2,048 tokens a side). Where a recipe's step costs more or less, its step count is scaled to
+that budget (the numbers below; tests/test_configs.py checks each). Checkpoints are kept so that the last 10
+averaged cover the last quarter of training, as in the main job (10 x 200 of 8,000 steps), and warm-up lasts
+the same 5% of the steps. Recipes are compared on the validation split only (docs/multi30k_recipes.md).
+"""
+import ml_collections
+
+from configs import multi30k
+from configs import table3
+
+BUDGET_FLOPS = 8000 * 96.435e9  # The main job's training: 8,000 steps of its analytic train-step FLOPs.
+
+
+def _schedule(steps: int) -> dict:
+  """Steps, warm-up (5%) and checkpoint cadence (the last 10 averaged: a quarter of training) for `steps`."""
+  return {'train.num_train_steps': steps, 'train.warmup_steps': steps // 20,
+          'train.checkpoint_every_steps': steps // 40}
+
+
+ROWS = {
+    'paper': {},  # configs/multi30k.py as it is: the README's command.
+    'modern': {'model.position_embedding': 'rope'},  # configs/multi30k_modern.py.
+    # Batch size at equal compute: 4,096 and 8,192 tokens a side, 4,000 and 2,000 steps. Warm-up at 5% of the
+    # steps raises §5.3's peak by sqrt(2) per doubling, the square-root scaling of the learning rate with batch.
+    'batch4096': {'data.tokens_per_batch': 4096, **_schedule(4000)},
+    'batch8192': {'data.tokens_per_batch': 8192, **_schedule(2000)},
+    # Wu et al. (ACL 2021)'s fairseq transformer-tiny, completed: 4+4 layers, d_model 128, d_ff 256, 4 heads,
+    # dropout 0.3, peak 5e-3 after 2,000 warm-up steps (scale 2.53 at d_model 128), 4,096 tokens a side, the last
+    # 10 averaged, beam 5; 62.2 GFLOP a step, so 12,400 steps.
+    'tiny': {'model.num_layers': 4, 'model.d_model': 128, 'model.d_ff': 256, 'model.num_heads': 4,
+             'model.d_k': 32, 'model.d_v': 32, 'model.dropout_rate': 0.3, 'model.attention_dropout_rate': 0.0,
+             'data.tokens_per_batch': 4096, 'train.num_train_steps': 12400, 'train.warmup_steps': 2000,
+             'train.learning_rate_scale': 2.53, 'train.checkpoint_every_steps': 310, 'decode.beam_size': 5},
+    # Deeper and narrower at equal compute: 4 layers with d_ff 512 (94.4 GFLOP a step, 8,170 steps).
+    'deep4': {'model.num_layers': 4, 'model.d_ff': 512, **_schedule(8160)},
+    # A vocabulary of 10,000 pieces (Wu et al. use 10k BPE codes): 102.7 GFLOP a step, 7,510 steps.
+    'vocab10k': {'data.vocab_size': 10000, **_schedule(7480)},
+}
+NOTES = {
+    'paper': 'configs/multi30k.py', 'modern': 'rotary positions (configs/multi30k_modern.py)',
+    'batch4096': '4,096 tokens a side, 4,000 steps', 'batch8192': '8,192 tokens a side, 2,000 steps',
+    'tiny': 'Wu et al. (2021) transformer-tiny, 12,400 steps', 'deep4': 'N=4, d_ff=512, 8,160 steps',
+    'vocab10k': 'BPE 10,000, 7,480 steps',
+}
+PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
+
+
+def get_config(row: str | None = None) -> ml_collections.ConfigDict:
+  """The config of one recipe, as `--config=configs/multi30k_recipes.py:<recipe>`.
+
+  Raises:
+    ValueError: for a missing or unknown recipe (listing the valid ones), or an override of a field base lacks.
+  """
+  if row not in ROWS:
+    raise ValueError(f'unknown recipe {row!r}; valid recipes: {", ".join(ROWS)} '
+                     '(use --config=configs/multi30k_recipes.py:<recipe>)')
+  return table3.apply_row(multi30k.get_config(), row, ROWS[row])
