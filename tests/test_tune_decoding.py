@@ -97,3 +97,24 @@ def test_format_table_marks_the_best_row():
            'length_ratio': 1.0, 'seconds': 1.0} for a, b in ((0.6, 30.0), (1.0, 31.5), (1.4, 31.0))]
   lines = tune_decoding.format_table(rows).splitlines()
   assert [line.count('*') for line in lines[1:]] == [0, 1, 0] and '31.50*' in lines[2]
+
+
+def test_averaging_windows_each_decode_the_grid_and_name_their_steps(tmp_path, corpus, reference_run):
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)  # Kept checkpoints: steps 4 and 6.
+  config = config_checks.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
+  windows = tune_decoding.parse_windows(['1', '2', '1@4'])
+  result = tune_decoding.tune_decoding(config, str(workdir), [2], [0.6], windows)
+  assert [(row['window'], row['checkpoint_steps']) for row in result['rows']] == [
+      ('1', [6]), ('2', [4, 6]), ('1@4', [4])]
+  default, = tune_decoding.tune_decoding(config, str(workdir), [2], [0.6])['rows']  # average_last_n = 2.
+  assert result['rows'][1]['bleu'] == default['bleu'] and default['window'] is None
+  with pytest.raises(ValueError, match=r'--average_windows=3: the run kept 2 checkpoints'):
+    tune_decoding.tune_decoding(config, str(workdir), [2], [0.6], tune_decoding.parse_windows(['3']))
+  assert len(list((workdir / 'evaluations').glob('*'))) == 2  # The refused window wrote nothing.
+
+
+@pytest.mark.parametrize('value', ['0', 'x', '5@', '5@y', '-1@100'])
+def test_a_bad_window_names_the_flag(value):
+  with pytest.raises(ValueError, match=f'--average_windows=.*{value!r} is not N or N@STEP'):
+    tune_decoding.parse_windows([value])

@@ -53,6 +53,8 @@ flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omit
                     'folder of the CTranslate2 model.')
 flags.DEFINE_list('beam_sizes', ['4'], 'tune_decoding mode: beam sizes to decode the validation split with.')
 flags.DEFINE_list('alphas', ['0.6', '0.8', '1.0', '1.2'], 'tune_decoding mode: length penalty exponents to try.')
+flags.DEFINE_list('average_windows', [], "tune_decoding mode: checkpoint windows to average (§6.1), each 'N' (the "
+                  "last N kept) or 'N@STEP' (the last N up to STEP); default: eval.checkpoint_selection's.")
 flags.DEFINE_boolean('multihost', None, 'Join the other processes through jax.distributed.initialize() before any '
                      'JAX use. Unset: only when a multi-process launcher is detected (JAX_COORDINATOR_ADDRESS with '
                      'JAX_NUM_PROCESSES and JAX_PROCESS_ID, an srun step of several tasks, mpirun with several '
@@ -140,25 +142,30 @@ def main(argv):
     evaluate.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
   elif mode == 'tune_decoding':
     from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
-    tune_decoding.tune_decoding(config, workdir, *_decoding_grid())  # It checks the range first.
+    tune_decoding.tune_decoding(config, workdir, *_decoding_grid())  # It checks the ranges first.
   elif mode == 'export':
     from transformer_jax import export  # pylint: disable=g-import-not-at-top
     export.export_run(config, workdir, flags.FLAGS.output)
 
 
-def _decoding_grid() -> tuple[list[int], list[float]]:
-  """--beam_sizes and --alphas as numbers (their range is `tune_decoding.check_grid`'s).
+def _decoding_grid() -> tuple[list[int], list[float], list]:
+  """--beam_sizes and --alphas as numbers (their range is `tune_decoding.check_grid`'s), and --average_windows.
 
   Raises:
-    app.UsageError: naming the flags, for a value that is not a number.
+    app.UsageError: naming the flags, for a value that is not a number or not a window.
   """
+  from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
   try:
     beam_sizes = [int(b) for b in flags.FLAGS.beam_sizes]
     alphas = [float(a) for a in flags.FLAGS.alphas]
   except ValueError as error:
     raise app.UsageError(f'--beam_sizes={",".join(flags.FLAGS.beam_sizes)} --alphas={",".join(flags.FLAGS.alphas)}'
                          f': {error}') from None
-  return beam_sizes, alphas
+  try:
+    windows = tune_decoding.parse_windows(flags.FLAGS.average_windows)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from None
+  return beam_sizes, alphas, windows
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:
