@@ -75,11 +75,10 @@ flags.DEFINE_string('compilation_cache_dir',
 def use_compilation_cache(directory: str) -> None:
   """JAX's persistent compilation cache in `directory` (`~` expanded), for every program.
 
-  Every program, not only those over JAX's default 1 s of compilation: decoding compiles tens of loops of
-  ~0.1-0.8 s each (one per batch size and cache length); loaded, a first decode of test_2016_flickr took 11 s,
-  not 26. The size is not capped (JAX's default; delete the folder to empty it): JAX's cap needs `filelock`
-  and an access-time file beside every entry, and with either missing it fails every read or write with a
-  warning and loads nothing (docs/performance.md, session 15).
+  Every program, not only those over JAX's default 1 s of compilation: decoding compiles tens of short loops
+  (one per batch size and cache length), which a later run then loads instead of compiling. The size is not
+  capped (JAX's default; delete the folder to empty it): JAX's cap needs `filelock` and an access-time file
+  beside every entry, without which the cache loads nothing. Measured effect: docs/performance.md.
   """
   jax.config.update('jax_compilation_cache_dir', os.path.expanduser(directory))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
