@@ -16,6 +16,7 @@ from absl import logging
 from etils import epath
 import jax
 
+from transformer_jax import errors
 from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
@@ -24,14 +25,14 @@ SWEEP_FILE = 'decoding_sweep.json'
 
 
 def check_grid(beam_sizes: Sequence[int], alphas: Sequence[float]) -> None:
-  """Raises ValueError (naming the flag) for an empty grid, a beam size below 1 or a negative alpha."""
+  """Raises errors.ConfigError (naming the flag) for an empty grid, a beam size below 1 or a negative alpha."""
   if not beam_sizes or not alphas:
-    raise ValueError('--mode=tune_decoding needs at least one --beam_sizes and one --alphas value, e.g. '
-                     '--beam_sizes=4,6 --alphas=0.6,1.0')
+    raise errors.ConfigError('--mode=tune_decoding needs at least one --beam_sizes and one --alphas value, e.g. '
+                             '--beam_sizes=4,6 --alphas=0.6,1.0')
   if any(b < 1 for b in beam_sizes):
-    raise ValueError(f'--beam_sizes={",".join(map(str, beam_sizes))}: every beam size must be at least 1')
+    raise errors.ConfigError(f'--beam_sizes={",".join(map(str, beam_sizes))}: every beam size must be at least 1')
   if any(a < 0 for a in alphas):
-    raise ValueError(f'--alphas={",".join(map(str, alphas))}: every length penalty alpha must be >= 0')
+    raise errors.ConfigError(f'--alphas={",".join(map(str, alphas))}: every length penalty alpha must be >= 0')
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
