@@ -36,6 +36,7 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
+from transformer_jax import errors
 from transformer_jax import logs
 
 
@@ -101,9 +102,9 @@ def main(argv):
     print(config_doc.describe(config), end='')
     return
   if mode == 'summary':
-    from transformer_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+    from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
     from transformer_jax import summary  # pylint: disable=g-import-not-at-top
-    print(summary.summarize(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)))
+    print(summary.summarize(config_checks.model_config(config)))
     return
   if mode == 'benchmark':
     from transformer_jax import benchmark  # pylint: disable=g-import-not-at-top
@@ -213,11 +214,6 @@ def _print_help_and_exit(argv: list[str]) -> None:
   sys.exit(0)
 
 
-# Errors a user fixes (a config value or field, a file, a path, a run folder, memory, a download), printed as
-# their message alone; anything else is a bug and keeps its traceback.
-_USER_ERRORS = (ValueError, OSError, MemoryError, FloatingPointError, RuntimeError)
-
-
 def _unknown_field_message(error: AttributeError, argv: list[str]) -> str | None:
   """The one line for a misspelt `--config.<section>.<field>` (ml_collections raises AttributeError while the
   flags parse), or None when the error is not that."""
@@ -236,8 +232,9 @@ def _unknown_field_message(error: AttributeError, argv: list[str]) -> str | None
 
 
 def _run(argv: list[str]) -> None:
-  """app.run(main) with user errors as one line on stderr (exit status 1; --verbosity=1 for the traceback) and
-  Ctrl-C as a quiet stop (exit status 130)."""
+  """app.run(main) with a mistake the user can fix (`errors.UserError`, a misspelt config field) as one line on
+  stderr (exit status 1; --verbosity=1 for the traceback) and Ctrl-C as a quiet stop (exit status 130). Any other
+  exception is a bug: it keeps its traceback."""
   try:
     app.run(main, argv=prepare_argv(argv))
   except KeyboardInterrupt:
@@ -248,10 +245,10 @@ def _run(argv: list[str]) -> None:
     if message is None:
       raise
     sys.exit(message)
-  except _USER_ERRORS as error:
+  except errors.UserError as error:
     if flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1:
       raise
-    sys.exit(f'{type(error).__name__}: {error}\n(--verbosity=1 shows the traceback)')
+    sys.exit(f'{errors.one_line(error)}\n(--verbosity=1 shows the traceback)')
 
 
 if __name__ == '__main__':
