@@ -4,6 +4,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -24,6 +25,51 @@ def main(*flags, cwd: pathlib.Path) -> subprocess.CompletedProcess:
   env = {**os.environ, 'PYTHONPATH': str(packages)}
   return subprocess.run([sys.executable, '-m', 'transformer_jax.main', *flags], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=300, check=False)
+
+
+def main_raising(error: str, *flags, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+  """`main(*flags)` with `config_doc.describe`, deep in --mode=config, replaced by one that raises `error` (an
+  expression; `errors` is transformer_jax.errors), as a bug or a reported mistake would."""
+  packages = cwd / 'packages'
+  packages.mkdir(exist_ok=True)
+  if not (packages / 'transformer_jax').exists():
+    (packages / 'transformer_jax').symlink_to(REPO_ROOT / 'transformer_jax')
+  driver = cwd / 'raising_main.py'
+  driver.write_text(textwrap.dedent(f"""\
+      import runpy
+      from transformer_jax import config_doc
+      from transformer_jax import errors
+
+      def describe(config):
+        raise {error}
+
+      config_doc.describe = describe
+      runpy.run_module('transformer_jax.main', run_name='__main__')
+      """))
+  env = {**os.environ, 'PYTHONPATH': str(packages), 'TRANSFORMER_JAX_ALLOCATOR': 'system'}
+  return subprocess.run([sys.executable, str(driver), f'--config={REPO_ROOT}/configs/tiny.py', '--mode=config',
+                         *flags], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize('error', ["RuntimeError('INTERNAL: an XLA runtime failure')",
+                                   "ValueError('an internal shape check failed')"])
+def test_a_bug_keeps_its_traceback(tmp_path, error):
+  """Only `errors.UserError` is a user's mistake: a RuntimeError or ValueError from deep code is a bug."""
+  process = main_raising(error, cwd=tmp_path)
+  assert process.returncode != 0
+  assert 'Traceback (most recent call last)' in process.stderr and 'in describe' in process.stderr
+  assert process.stderr.strip().splitlines()[-1] == error.replace("('", ': ').removesuffix("')")
+  assert '--verbosity=1 shows the traceback' not in process.stderr
+
+
+def test_a_user_error_is_one_line(tmp_path):
+  process = main_raising("errors.ConfigError('model.d_model must be a positive integer, got 0')", cwd=tmp_path)
+  assert process.returncode == 1
+  assert process.stderr.strip().splitlines() == [
+      'ValueError: model.d_model must be a positive integer, got 0', '(--verbosity=1 shows the traceback)']
+  verbose = main_raising("errors.ConfigError('model.d_model must be a positive integer, got 0')", '--verbosity=1',
+                         cwd=tmp_path)
+  assert verbose.returncode != 0 and 'Traceback' in verbose.stderr
 
 
 def test_help_exits_zero_and_points_at_the_config_listing(tmp_path):

@@ -36,6 +36,7 @@ from etils import epath
 import jax
 import numpy as np
 
+from transformer_jax import errors
 from transformer_jax import experiment
 from transformer_jax import flops
 from transformer_jax import memory
@@ -70,7 +71,8 @@ def compile_train_step(config, devices=None) -> tuple[Any, dict[str, Any]]:
     (`flops.train_step_flops`), collective counts and compile seconds).
 
   Raises:
-    ValueError: for a bad config value (see `config_checks.validate_config`) or a mesh the model does not divide by.
+    errors.ConfigError: for a bad config value (see `config_checks.validate_config`) or a mesh the model does not
+      divide by.
     CompilerOutOfMemoryError: when the compiler itself finds the step too large for a device (TPU).
   """
   setup = experiment.compute_setup(config, devices)  # Compile mode reads and writes nothing.
@@ -103,7 +105,7 @@ def compile_train_step(config, devices=None) -> tuple[Any, dict[str, Any]]:
   return compiled, figures
 
 
-class CompilerOutOfMemoryError(MemoryError):
+class CompilerOutOfMemoryError(errors.UserError, MemoryError):
   """The compiler refused the step: it needs more memory than a device has (the TPU compiler checks).
 
   Attributes:

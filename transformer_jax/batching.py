@@ -42,6 +42,7 @@ from typing import Any
 from absl import logging
 import numpy as np
 
+from transformer_jax import errors
 from transformer_jax import tokenizer as tokenizer_lib
 
 Batch = dict[str, np.ndarray]
@@ -128,12 +129,13 @@ def batch_size_for(length: int, tokens_per_batch: int, batch_size_multiple: int,
   """Rows of a batch of length `length`: tokens_per_batch // length, rounded down to batch_size_multiple.
 
   Raises:
-    ValueError: if not one row of that length fits, or the rows do not divide by process_count.
+    errors.ConfigError: if not one row of that length fits (naming tokens_per_batch).
+    ValueError: if the rows do not divide by process_count.
   """
   batch_size = tokens_per_batch // length // batch_size_multiple * batch_size_multiple
   if batch_size == 0:
-    raise ValueError(f'tokens_per_batch={tokens_per_batch} is too small for length {length} with '
-                     f'batch_size_multiple={batch_size_multiple}: the batch size rounds down to 0.')
+    raise errors.ConfigError(f'tokens_per_batch={tokens_per_batch} is too small for length {length} with '
+                             f'batch_size_multiple={batch_size_multiple}: the batch size rounds down to 0.')
   if batch_size % process_count:
     raise ValueError(f'Batch size {batch_size} (length {length}) does not divide by process_count={process_count}; '
                      'batch_size_multiple should be a multiple of it.')
@@ -295,9 +297,9 @@ class TrainIterator:
         batch of the epoch; it must give every host the same ids.
 
     Raises:
-      ValueError: if source and target differ in length, no pair is left, or a batch size rounds down to 0 or
-        (padded) does not divide by process_count. From `next`: if resegment gives other than two sides of
-        len(source) sequences.
+      errors.ConfigError: if no pair is left (naming max_length), or a batch size rounds down to 0.
+      ValueError: if source and target differ in length, or a batch (padded) does not divide by process_count.
+        From `next`: if resegment gives other than two sides of len(source) sequences.
     """
     source, target = as_ragged(source), as_ragged(target)
     if len(source) != len(target):
@@ -308,7 +310,7 @@ class TrainIterator:
     self._lengths = np.stack([source.lengths, target.lengths]) + 1  # [2, num_pairs], EOS included.
     self._pairs = _kept_pairs(source.lengths, target.lengths, max_length)
     if not len(self._pairs):
-      raise ValueError(f'No training pair is left of {len(source)} after filtering (max_length={max_length}).')
+      raise errors.ConfigError(f'No training pair is left of {len(source)} after filtering (max_length={max_length}).')
     buckets = bucket_lengths_for(bucket_lengths, max_length)
     bucket_of = np.zeros(len(source), np.int64)
     bucket_of[self._pairs] = np.searchsorted(buckets, self._lengths[:, self._pairs].max(axis=0))

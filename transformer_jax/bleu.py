@@ -29,6 +29,8 @@ import re
 import sacrebleu
 import sacremoses
 
+from transformer_jax import errors
+
 # get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as in Perl).
 _COMPOUND = re.compile(r'(\S)-(\S)')
 
@@ -78,15 +80,16 @@ def _metric(tokenize: str) -> sacrebleu.metrics.BLEU:
   except RuntimeError as e:  # sacreBLEU's message for a MeCab tokenizer whose packages are missing.
     if tokenize not in _TOKENIZER_PACKAGES:
       raise
-    raise ImportError(f"sacreBLEU's tokenizer {tokenize!r} needs {_TOKENIZER_PACKAGES[tokenize]}, which are not "
-                      "installed (pip install -e . installs them).") from e
+    raise errors.MissingPackageError(
+        f"sacreBLEU's tokenizer {tokenize!r} needs {_TOKENIZER_PACKAGES[tokenize]}, which are not "
+        "installed (pip install -e . installs them).") from e
 
 
 def check_sacrebleu_tokenizer(lang: str) -> str:
   """`sacrebleu_tokenizer(lang)`, after checking that sacreBLEU can build it (call before a run starts).
 
   Raises:
-    ImportError: naming the packages a MeCab tokenizer ('ja', 'ko') needs when they are missing.
+    errors.MissingPackageError: naming the packages a MeCab tokenizer ('ja', 'ko') needs when they are missing.
   """
   tokenize = sacrebleu_tokenizer(lang)
   _metric(tokenize)

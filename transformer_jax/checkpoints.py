@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from transformer_jax import errors
 from transformer_jax import workdir as workdir_lib
 
 PyTree = Any
@@ -56,7 +57,7 @@ _METADATA = 'metadata'
 CHECKSUMS = 'sha256.json'  # In each step's folder, beside the items.
 
 
-class ChecksumError(ValueError):
+class ChecksumError(errors.DamagedFileError):
   """A checkpoint file's SHA-256 is not the one recorded when the step was saved."""
 
 
@@ -111,7 +112,7 @@ def committed_steps(directory: str | os.PathLike[str]) -> list[int]:
   return sorted(m.step for m in ocp.step.standard_name_format().find_all(epath.Path(directory)))
 
 
-class CheckpointSaveError(RuntimeError):
+class CheckpointSaveError(errors.UserError, RuntimeError):
   """A checkpoint save failed; the message names the step, the directory and the steps left on disk."""
 
 
@@ -164,8 +165,8 @@ class CheckpointManager:
         `save`) instead of the newest; every save must then pass metrics.
 
     Raises:
-      ValueError: if `max_to_keep` or `save_interval_steps` is not positive, or the fingerprint
-        differs from the one stored in `workdir` (see `check_compatible`).
+      ValueError: if `max_to_keep` or `save_interval_steps` is not positive.
+      errors.ConfigError: if the fingerprint differs from the one stored in `workdir` (see `check_compatible`).
     """
     if max_to_keep is not None and max_to_keep < 1:
       raise ValueError(f'max_to_keep must be positive or None; got {max_to_keep}.')
@@ -222,7 +223,7 @@ class CheckpointManager:
         are compared after a JSON round trip, so a tuple equals the list it was saved as.
 
     Raises:
-      ValueError: naming every differing key with the stored and the given value.
+      errors.ConfigError: naming every differing key with the stored and the given value.
     """
     given = _flatten(_to_json(fingerprint, 'fingerprint'))
     found = self._stored_fingerprint()
@@ -241,7 +242,7 @@ class CheckpointManager:
         for key in sorted(set(stored) | set(given))
         if stored.get(key, absent) != given.get(key, absent)]
     if differences:
-      raise ValueError(
+      raise errors.ConfigError(
           f'Config does not match the checkpoint at step {step} in {self._directory}:\n  '
           + '\n  '.join(differences)
           + '\nUse a new workdir, or the config the run was started with.')
@@ -440,7 +441,7 @@ class CheckpointManager:
       ValueError: if checkpoints exist but none can be restored. Failing every step is more
         likely a mismatch between `abstract_state` and the saved state than damage to all of
         them, and training from scratch in a workdir with newer steps would never save again.
-        Also if the processes list different steps.
+      errors.ConfigError: if the processes list different steps (the workdir is not shared storage).
     """
     _require_shardings(abstract_state, 'abstract_state')
     steps = self.all_steps()
@@ -475,7 +476,7 @@ class CheckpointManager:
       The steps moved, ascending.
 
     Raises:
-      RuntimeError: if a newer step is still listed afterwards.
+      errors.RunFolderError: if a newer step is still listed afterwards.
     """
     newer = [s for s in self.all_steps() if s > step]
     self._manager.wait_until_finished()
@@ -492,8 +493,8 @@ class CheckpointManager:
     self._manager.reload()
     left = [s for s in self.all_steps() if s > step]
     if left:
-      raise RuntimeError(f'Unusable checkpoint steps {left} are still in {self._directory}; move them away '
-                         'and rerun.')
+      raise errors.RunFolderError(f'Unusable checkpoint steps {left} are still in {self._directory}; move them away '
+                                  'and rerun.')
     return newer
 
   def restore_subtree(self, step: int, abstract_subtree: PyTree,
@@ -541,15 +542,15 @@ class CheckpointManager:
 
 
 def _agree_across_processes(steps: list[int], what: str) -> None:
-  """Raises ValueError unless every process lists the same steps (a no-op for one process)."""
+  """Raises errors.ConfigError unless every process lists the same steps (a no-op for one process)."""
   if jax.process_count() == 1:
     return
   summary = np.array([len(steps), steps[-1] if steps else -1, hash(tuple(steps)) % (2**31)], np.int64)
   gathered = np.asarray(multihost_utils.process_allgather(summary)).reshape(jax.process_count(), 3)
   if np.any(gathered != gathered[0]):
     seen = {p: f'{int(n)} steps, latest {int(last) if last >= 0 else None}' for p, (n, last, _) in enumerate(gathered)}
-    raise ValueError(f'The processes disagree on {what}: {seen}. The workdir must be shared storage that every '
-                     'process reads and writes.')
+    raise errors.ConfigError(f'The processes disagree on {what}: {seen}. The workdir must be shared storage that every '
+                             'process reads and writes.')
 
 
 def _all_processes(ok: bool) -> bool:
@@ -647,8 +648,8 @@ def select_params(eval_config: Any, last: CheckpointManager, best: CheckpointMan
     (params, steps): the (averaged) parameters, placed as `abstract_params`, and their steps, ascending.
 
   Raises:
-    FileNotFoundError: if the chosen manager holds no checkpoint.
-    ValueError: for 'best' or 'average_best' without `best`.
+    errors.MissingFileError: if the chosen manager holds no checkpoint.
+    errors.ConfigError: for 'best' or 'average_best' without `best`.
   """
   selection = eval_config.checkpoint_selection
   if selection == 'average_last':
@@ -656,12 +657,13 @@ def select_params(eval_config: Any, last: CheckpointManager, best: CheckpointMan
     steps = manager.all_steps()[-eval_config.average_last_n:]
   else:
     if best is None:
-      raise ValueError(f'eval.checkpoint_selection={selection!r} chooses among the best checkpoints, which a run '
-                       'keeps only with train.eval_bleu_every_steps > 0')
+      raise errors.ConfigError(
+          f'eval.checkpoint_selection={selection!r} chooses among the best checkpoints, which a run '
+          'keeps only with train.eval_bleu_every_steps > 0')
     manager = best
     steps = sorted(manager.best_steps()[:1 if selection == 'best' else eval_config.average_best_n])
   if not steps:
-    raise FileNotFoundError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
+    raise errors.MissingFileError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
   logging.info('Using the parameters of checkpoint steps %s, averaged (eval.checkpoint_selection=%s).', steps,
                selection)
   return average_checkpoints(manager, steps, abstract_params), steps

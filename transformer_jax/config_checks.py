@@ -3,6 +3,7 @@ run reads (`check_data_files`), and the config --mode=evaluate/translate/tune_de
 (`config_for_mode`: the stored run's, changed only where decoding or evaluation may change).
 
 Everything here reads and raises; nothing writes. `experiment.setup` calls these before a byte is written.
+What they raise is an `errors.UserError` naming the key or path: `main` prints it as one line.
 """
 import math
 
@@ -13,6 +14,7 @@ import jax
 from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import decoding
+from transformer_jax import errors
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
 from transformer_jax import multi30k
@@ -24,7 +26,7 @@ from transformer_jax import workdir as workdir_lib
 
 def _require(ok: bool, key: str, value, allowed: str) -> None:
   if not ok:
-    raise ValueError(f'{key} must be {allowed}, got {value!r}')
+    raise errors.ConfigError(f'{key} must be {allowed}, got {value!r}')
 
 
 def _is_positive_int(value) -> bool:
@@ -48,7 +50,7 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
     The ModelConfig at the configured vocabulary size.
 
   Raises:
-    ValueError: naming the first bad key, its value and what is allowed.
+    errors.ConfigError: naming the first bad key, its value and what is allowed.
   """
   train_cfg, data_cfg, decode_cfg = config.train, config.data, config.decode
   _validate_train(train_cfg)
@@ -69,23 +71,39 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
            config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
   _validate_selection(config.eval, train_cfg)
-  model_cfg = model_lib.ModelConfig(vocab_size=data_cfg.vocab_size, **config.model)  # Checks model.*.
+  model_cfg = model_config(config)
   _require(model_cfg.max_length >= data_cfg.max_length + decode_cfg.extra_length or model_cfg.position_embedding
            != 'learned', 'data.max_length + decode.extra_length', data_cfg.max_length + decode_cfg.extra_length,
            f'<= model.max_length={model_cfg.max_length} with learned positions (the longest decode)')
-  _check_mesh_divides_model(config, model_cfg, sharding.mesh_shape(config.mesh, num_devices or jax.device_count()),
-                            sharding.logical_axis_rules(config.mesh))
+  try:
+    mesh_sizes = sharding.mesh_shape(config.mesh, num_devices or jax.device_count())
+    rules = sharding.logical_axis_rules(config.mesh)
+  except ValueError as e:  # sharding names the mesh.* field (model code raises the built-in type).
+    raise errors.ConfigError(str(e)) from e
+  _check_mesh_divides_model(config, model_cfg, mesh_sizes, rules)
   optim.make_optimizer(optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale),
                        b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                        grad_clip_norm=train_cfg.grad_clip_norm)
   return model_cfg
 
 
+def model_config(config) -> model_lib.ModelConfig:
+  """`ModelConfig(vocab_size=config.data.vocab_size, **config.model)`, its checks of model.* as ConfigError.
+
+  Raises:
+    errors.ConfigError: naming the model field, for a value ModelConfig refuses.
+  """
+  try:
+    return model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)
+  except ValueError as e:  # ModelConfig names the field (model.py raises the built-in type).
+    raise errors.ConfigError(str(e)) from e
+
+
 def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_sizes, rules) -> None:
   """Every model dimension split over mesh axes must divide by their size (checked before any write).
 
   Raises:
-    ValueError: naming the model (or data) key and the mesh keys, e.g. model.num_heads=3 with mesh.tensor=2.
+    errors.ConfigError: naming the model (or data) key and the mesh keys, e.g. model.num_heads=3 with mesh.tensor=2.
   """
   sizes = dict(zip(sharding.MESH_AXES, mesh_sizes))
   dimensions = {  # Logical axis -> the config keys and values of the dimensions that carry it.
@@ -103,8 +121,8 @@ def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_siz
     for key, value in dimensions.get(name, []):
       if split > 1 and value % split:
         mesh_keys = ' x '.join(f'mesh.{axis}={sizes[axis]}' for axis in axes)
-        raise ValueError(f'{key}={value} does not divide by {mesh_keys} ({name!r} is split over '
-                         f'{axes} by mesh.logical_axis_rules): change {key} or the mesh')
+        raise errors.ConfigError(f'{key}={value} does not divide by {mesh_keys} ({name!r} is split over '
+                                 f'{axes} by mesh.logical_axis_rules): change {key} or the mesh')
 
 
 def _validate_selection(eval_cfg, train_cfg) -> None:
@@ -166,9 +184,9 @@ def check_data_files(data_config, splits) -> None:
     splits: split names among data_config.train_split, eval_split and test_split.
 
   Raises:
-    ValueError: naming the key for a malformed file list or an incomplete Multi30k folder.
-    FileNotFoundError: naming the key and the path of a missing file.
-    ImportError: if sacreBLEU's tokenizer for data.target_lang needs packages that are missing.
+    errors.ConfigError: naming the key for a malformed file list or an incomplete Multi30k folder.
+    errors.MissingFileError: naming the key and the path of a missing file.
+    errors.MissingPackageError: if sacreBLEU's tokenizer for data.target_lang needs packages that are missing.
   """
   bleu.check_sacrebleu_tokenizer(data_config.target_lang)
   if data_config.dataset == 'multi30k' and data_config.manual_dir:
@@ -179,7 +197,7 @@ def check_data_files(data_config, splits) -> None:
     key, paths = input_pipeline.text_files(data_config, split)
     for path in paths:
       if not epath.Path(path).exists():
-        raise FileNotFoundError(f'data.{key}: {path} does not exist')
+        raise errors.MissingFileError(f'data.{key}: {path} does not exist')
 
 
 # What --mode=evaluate and --mode=translate may change in a run's stored config: how to decode and evaluate,
@@ -208,20 +226,21 @@ def config_for_mode(config, workdir: str, mode: str):
     mode: 'evaluate' or 'translate', for messages.
 
   Raises:
-    FileNotFoundError: if the workdir holds no config.json or no checkpoint (nothing is written then).
-    ValueError: naming the first model or data field that differs from the run's (e.g. model.d_model).
+    errors.MissingFileError: if the workdir holds no config.json or no checkpoint (nothing is written then).
+    errors.ConfigError: naming the first model or data field that differs from the run's (e.g. model.d_model).
   """
   stored_path = workdir_lib.path(workdir, workdir_lib.CONFIG)
   if not epath.Path(stored_path).is_file():
-    raise FileNotFoundError(f'--mode={mode}: {stored_path} does not exist: --workdir={workdir} holds no trained '
-                            'run (train first with --mode=train, or check the path)')
+    raise errors.MissingFileError(f'--mode={mode}: {stored_path} does not exist: --workdir={workdir} holds no trained '
+                                  'run (train first with --mode=train, or check the path)')
   if not checkpoints_lib.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)):
-    raise FileNotFoundError(f'--mode={mode}: no checkpoint in {workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)}'
-                            ': train first (--mode=train)')
+    raise errors.MissingFileError(
+        f'--mode={mode}: no checkpoint in {workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)}'
+        ': train first (--mode=train)')
   stored = workdir_lib.load_run_config(workdir)
   vocabulary = workdir_lib.path(workdir, workdir_lib.vocabulary_file(stored.data.vocab_size))
   if not epath.Path(vocabulary).is_file():
-    raise FileNotFoundError(f'--mode={mode}: the run\'s vocabulary {vocabulary} is missing')
+    raise errors.MissingFileError(f'--mode={mode}: the run\'s vocabulary {vocabulary} is missing')
   given, kept = workdir_lib.config_leaves(config), workdir_lib.config_leaves(stored)
   resolved, ignored = stored, []
   for key, value in given.items():
@@ -233,8 +252,8 @@ def config_for_mode(config, workdir: str, mode: str):
     elif key.startswith(_EVALUATION_FIELDS):
       resolved[section][name] = value
     elif key.startswith(('model.', 'data.')) and key not in _TRAINING_ONLY_FIELDS:
-      raise ValueError(f'--mode={mode}: {key}={value!r} differs from the run in {workdir} ({key}={kept[key]!r} '
-                       f'in {stored_path}); only decoding and evaluation fields may change')
+      raise errors.ConfigError(f'--mode={mode}: {key}={value!r} differs from the run in {workdir} ({key}={kept[key]!r} '
+                               f'in {stored_path}); only decoding and evaluation fields may change')
     else:
       ignored.append(key)
   if ignored:

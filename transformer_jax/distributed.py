@@ -23,6 +23,8 @@ import time
 from absl import logging
 import jax
 
+from transformer_jax import errors
+
 
 def distributed_environment(environ: Mapping[str, str] | None = None) -> str | None:
   """The multi-process launcher this process runs under, or None for a single process.
@@ -52,7 +54,7 @@ def distributed_environment(environ: Mapping[str, str] | None = None) -> str | N
   return None
 
 
-class LaunchError(RuntimeError):
+class LaunchError(errors.UserError, RuntimeError):
   """The job's processes or devices differ from what the launcher promised, or they did not meet in time."""
 
 
@@ -70,7 +72,7 @@ def initialize_distributed(multihost: bool | None = None, environ: Mapping[str, 
     Whether jax.distributed was initialised.
 
   Raises:
-    ValueError: if JAX_COORDINATOR_ADDRESS is set without JAX_NUM_PROCESSES and JAX_PROCESS_ID and no other
+    errors.ConfigError: if JAX_COORDINATOR_ADDRESS is set without JAX_NUM_PROCESSES and JAX_PROCESS_ID and no other
       launcher supplies them.
     LaunchError: if the processes did not all join within the timeout (or initialisation failed otherwise).
   """
@@ -83,8 +85,8 @@ def initialize_distributed(multihost: bool | None = None, environ: Mapping[str, 
       {k: v for k, v in env.items() if k != 'JAX_COORDINATOR_ADDRESS'}) is None:
     missing = [k for k in ('JAX_NUM_PROCESSES', 'JAX_PROCESS_ID') if k not in env]
     if missing:
-      raise ValueError(f'JAX_COORDINATOR_ADDRESS={env["JAX_COORDINATOR_ADDRESS"]} is set but {missing} are not '
-                       '(each process needs the process count and its own id)')
+      raise errors.ConfigError(f'JAX_COORDINATOR_ADDRESS={env["JAX_COORDINATOR_ADDRESS"]} is set but {missing} are not '
+                               '(each process needs the process count and its own id)')
     kwargs = dict(coordinator_address=env['JAX_COORDINATOR_ADDRESS'],
                   num_processes=int(env['JAX_NUM_PROCESSES']), process_id=int(env['JAX_PROCESS_ID']))
   if initialization_timeout_secs is not None:
@@ -207,7 +209,7 @@ def start(multihost: bool | None = None, initialization_timeout_secs: int | None
   Call before any other JAX use (main.py does).
 
   Raises:
-    ValueError, LaunchError: see `initialize_distributed` and `check_topology`.
+    errors.ConfigError, LaunchError: see `initialize_distributed` and `check_topology`.
   """
   initialize_distributed(multihost, initialization_timeout_secs=initialization_timeout_secs)
   check_topology(expected_topology(), jax.process_count(), jax.local_device_count())

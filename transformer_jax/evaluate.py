@@ -20,6 +20,7 @@ import numpy as np
 
 from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import errors
 from transformer_jax import experiment
 from transformer_jax import batching
 from transformer_jax import input_pipeline
@@ -316,10 +317,12 @@ def translate_file(config, workdir: str, input_path: str | None, output_path: st
   """--mode=translate: one output line per input line (a blank line stays blank), stdin/stdout by default.
 
   Raises:
-    FileNotFoundError: for a missing input file (read before the model is loaded).
-    ValueError: from `experiment.setup`.
+    errors.MissingFileError: for a missing input file (read before the model is loaded).
+    errors.UserError: from `experiment.setup`.
   """
   # Lines end at '\n' only: str.splitlines would also split at Unicode separators inside a sentence.
+  if input_path and not epath.Path(input_path).is_file():
+    raise errors.MissingFileError(f'--input={input_path} does not exist')
   if input_path:
     lines = multi30k.read_lines(input_path)
   else:

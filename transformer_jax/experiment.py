@@ -25,6 +25,7 @@ import optax
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import config_checks
 from transformer_jax import distributed
+from transformer_jax import errors
 from transformer_jax import host_allocator
 from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
@@ -183,14 +184,19 @@ def compute_setup(config, devices=None) -> Build:
     devices: the mesh's devices; all of `jax.devices()` by default (compile: a TPU slice's, `tpu_slices`).
 
   Raises:
-    ValueError: for a bad config value (`validate_config`).
+    errors.ConfigError: for a bad config value (`validate_config`), or a mesh whose processes would not each
+      hold their own rows of a batch.
   """
   model_cfg = config_checks.validate_config(config, None if devices is None else len(devices))
   train_cfg = config.train
   schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
   tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                             grad_clip_norm=train_cfg.grad_clip_norm)
-  return Build(sharding.make_mesh(config.mesh, devices), sharding.logical_axis_rules(config.mesh),
+  try:
+    mesh = sharding.make_mesh(config.mesh, devices)
+  except ValueError as e:  # The processes' batch shards (sharding raises the built-in type, naming mesh.*).
+    raise errors.ConfigError(str(e)) from e
+  return Build(mesh, sharding.logical_axis_rules(config.mesh),
                model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule,
                grad_accum_steps=train_cfg.grad_accum_steps)
 
@@ -210,9 +216,9 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
       0), released by `Setup.close`; None: read it without locking.
 
   Raises:
-    ValueError: for a bad config value, or a workdir holding a run with an incompatible config.
-    FileNotFoundError: for a missing input file.
-    OSError: if the workdir cannot be created or written.
+    errors.ConfigError: for a bad config value, or a workdir holding a run with an incompatible config.
+    errors.MissingFileError: for a missing input file.
+    errors.PathError: if the workdir cannot be created or written.
     tfds_downloads.DownloadError: when a TFDS dataset cannot be downloaded (before the workdir is created).
     workdir.WorkdirInUseError: when another process writes the run folder (nothing is written then).
   """
@@ -232,8 +238,8 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
     _check_vocabulary(config, workdir, manager)
     tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
     if tokenizer.vocab_size != model_cfg.vocab_size:
-      raise ValueError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
-                       f'data.vocab_size={model_cfg.vocab_size}')
+      raise errors.ConfigError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
+                               f'data.vocab_size={model_cfg.vocab_size}')
     if run_lock is not None:
       _record_vocabulary_hash(config, workdir)
     best = open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
@@ -267,8 +273,8 @@ def _check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointM
   """The run's vocabulary must be the one it trained with: a new one would index other pieces.
 
   Raises:
-    FileNotFoundError: naming the missing file and the checkpoint step, when checkpoints exist without it.
-    ValueError: naming the file and both hashes, when it differs from the one the run recorded
+    errors.MissingFileError: naming the missing file and the checkpoint step, when checkpoints exist without it.
+    errors.ConfigError: naming the file and both hashes, when it differs from the one the run recorded
       (`vocabulary.sha256`, written by `_record_vocabulary_hash`).
   """
   vocabulary, recorded = _vocabulary_paths(config, workdir)
@@ -276,16 +282,17 @@ def _check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointM
   if not vocabulary.exists():
     latest = manager.latest_step()
     if latest is not None:
-      raise FileNotFoundError(
+      raise errors.MissingFileError(
           f'{vocabulary} is missing, but {workdir} holds checkpoints up to step {latest} trained with it'
           f'{f" (SHA-256 {expected})" if expected else ""}. A new vocabulary would index other pieces: restore '
           'the file, or train in another --workdir.')
     return
   actual = hashlib.sha256(vocabulary.read_bytes()).hexdigest()
   if expected is not None and actual != expected:
-    raise ValueError(f'{vocabulary} has SHA-256 {actual}, but this run was trained with the vocabulary of SHA-256 '
-                     f'{expected} ({recorded}): its embeddings would index other pieces. Restore the original '
-                     'file, or train in another --workdir.')
+    raise errors.ConfigError(
+        f'{vocabulary} has SHA-256 {actual}, but this run was trained with the vocabulary of SHA-256 '
+        f'{expected} ({recorded}): its embeddings would index other pieces. Restore the original '
+        'file, or train in another --workdir.')
 
 
 def _record_vocabulary_hash(config, workdir: str) -> None:
@@ -304,7 +311,7 @@ def open_checkpoints(config, workdir: str,
   which change no parameter), the vocabulary size and the languages.
 
   Raises:
-    ValueError: if `workdir` holds a run with another fingerprint (nothing is written then).
+    errors.ConfigError: if `workdir` holds a run with another fingerprint (nothing is written then).
   """
   return checkpoints_lib.CheckpointManager(
       workdir, max_to_keep=config.train.max_checkpoints_to_keep,
@@ -318,7 +325,7 @@ def open_best_checkpoints(config, workdir: str,
   Each holds {'params': ...} only (no optimiser state) and the metric `bleu` it was chosen by.
 
   Raises:
-    ValueError: if `workdir` holds a run with another fingerprint.
+    errors.ConfigError: if `workdir` holds a run with another fingerprint.
   """
   return checkpoints_lib.CheckpointManager(
       workdir, max_to_keep=config.eval.average_best_n, fingerprint=_fingerprint(config, model_cfg),
@@ -350,7 +357,7 @@ def _check_writable(workdir: str) -> None:
     probe.write_text('x' * 4096)
     probe.unlink()
   except OSError as e:
-    raise OSError(f'--workdir={workdir} is not writable: {e}') from e
+    raise errors.PathError(f'--workdir={workdir} is not writable: {e}') from e
 
 
 def log_backend(config) -> None:

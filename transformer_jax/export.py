@@ -32,6 +32,7 @@ from etils import epath
 import jax
 import numpy as np
 
+from transformer_jax import errors
 from transformer_jax import layers
 from transformer_jax import model as model_lib
 from transformer_jax import workdir as workdir_lib
@@ -44,7 +45,8 @@ SINUSOID_POSITIONS = 1024
 
 
 def check_exportable(cfg: model_lib.ModelConfig) -> None:
-  """Raises ValueError naming the first `model.<field>` whose value CTranslate2's Transformer cannot represent."""
+  """Raises errors.ConfigError naming the first `model.<field>` whose value CTranslate2's Transformer cannot
+  represent."""
   refusals = [
       (cfg.position_embedding in ('rope', 'none'), 'model.position_embedding', cfg.position_embedding,
        "CTranslate2's encoder-decoder has no rotary positions; 'sinusoidal' and 'learned' export"),
@@ -59,7 +61,7 @@ def check_exportable(cfg: model_lib.ModelConfig) -> None:
   ]
   for refused, key, value, why in refusals:
     if refused:
-      raise ValueError(f'{key}={value!r} cannot be exported to CTranslate2: {why}.')
+      raise errors.ConfigError(f'{key}={value!r} cannot be exported to CTranslate2: {why}.')
 
 
 def _kernel(w: np.ndarray) -> np.ndarray:
@@ -160,18 +162,19 @@ def export_ctranslate2(params: dict, cfg: model_lib.ModelConfig, vocabulary_file
     record: what to note in `<output_dir>/transformer_jax.json` beside the quantisation (e.g. the checkpoints).
 
   Raises:
-    ValueError: for a field CTranslate2 cannot represent, an unknown quantisation, or a non-empty output_dir.
-    ImportError: without the `ctranslate2` extra (`pip install -e '.[ctranslate2]'`).
+    errors.ConfigError: for a field CTranslate2 cannot represent, an unknown quantisation, or a non-empty
+      output_dir.
+    errors.MissingPackageError: without the `ctranslate2` extra (`pip install -e '.[ctranslate2]'`).
   """
   from transformer_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   if quantization not in QUANTIZATIONS:
-    raise ValueError(f'export.quantization must be one of {QUANTIZATIONS}, got {quantization!r}')
+    raise errors.ConfigError(f'export.quantization must be one of {QUANTIZATIONS}, got {quantization!r}')
   check_exportable(cfg)
   output = epath.Path(output_dir)
   if output.exists() and (not output.is_dir() or any(output.iterdir())):
-    raise ValueError(f'--output={output_dir} exists and is not an empty folder: choose a new one.')
+    raise errors.ConfigError(f'--output={output_dir} exists and is not an empty folder: choose a new one.')
   if importlib.util.find_spec('ctranslate2') is None:
-    raise ImportError("--mode=export needs CTranslate2: pip install -e '.[ctranslate2]'")
+    raise errors.MissingPackageError("--mode=export needs CTranslate2: pip install -e '.[ctranslate2]'")
   spec = build_spec(jax.device_get(params), cfg, tokenizer_lib.Tokenizer.load(vocabulary_file).pieces())
   spec.validate()
   spec.optimize(quantization=quantization)
@@ -193,16 +196,18 @@ def export_run(config, workdir: str, output_dir: str | None) -> str:
   """--mode=export: the parameters `eval.checkpoint_selection` chooses, exported with `export.quantization`.
 
   Raises:
-    ValueError: without --output, for an export.format other than 'ctranslate2', or from `export_ctranslate2`.
-    FileNotFoundError: if the workdir holds no checkpoint.
+    errors.ConfigError: without --output, for an export.format other than 'ctranslate2', or from
+      `export_ctranslate2`.
+    errors.MissingFileError: if the workdir holds no checkpoint.
   """
+  from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
   from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
   if not output_dir:
-    raise ValueError('--mode=export needs --output=DIR (a new folder for the CTranslate2 model)')
+    raise errors.ConfigError('--mode=export needs --output=DIR (a new folder for the CTranslate2 model)')
   if config.export.format != 'ctranslate2':
-    raise ValueError(f"export.format must be 'ctranslate2' (the only format), got {config.export.format!r}")
-  cfg = model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)
+    raise errors.ConfigError(f"export.format must be 'ctranslate2' (the only format), got {config.export.format!r}")
+  cfg = config_checks.model_config(config)
   check_exportable(cfg)  # Before anything is read.
   setup = experiment.setup(config, workdir)
   try:

@@ -86,10 +86,10 @@ class Peak:
   """The peak MFU divides by, for a training run: `peak_flops`, raised whenever a re-measurement is faster.
 
   A measured peak can only come out low (neighbours sharing the CPU slow the product down, never speed it
-  up), so the highest measurement so far is the best estimate. A run started while other jobs used the CPU
-  measured a low peak once and then reported MFU above 100% when the CPU freed up; `remeasure` (called at
+  up), so the highest measurement so far is the best estimate. A run started while other jobs use the CPU
+  would measure a low peak once and report MFU above 100% when the CPU frees up; `remeasure` (called at
   a progress line at most once a minute; four products of the peak's size, one a warm-up, ~50 ms for
-  2048^3 on a 2-core CPU) fixes that.
+  2048^3 on a 2-core CPU) prevents that.
   Table peaks are fixed.
 
   Attributes:

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from transformer_jax import batching
+from transformer_jax import errors
 from transformer_jax import multi30k
 from transformer_jax import tfds_downloads
 from transformer_jax import tokenizer as tokenizer_lib
@@ -44,8 +45,9 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     Source and target sentences (str), in data_config.source_lang and target_lang.
 
   Raises:
-    ValueError: for unknown languages or splits, unaligned files, invalid UTF-8, or a Multi30k manual_dir that
-      lacks a file of the language pair.
+    errors.ConfigError: for unknown languages or splits, or a Multi30k manual_dir that lacks a file of the
+      language pair.
+    errors.DamagedFileError: for unaligned files or invalid UTF-8.
     FileNotFoundError: for a missing text file.
     tfds_downloads.DownloadError: within seconds, when TFDS cannot download or verify a file it needs; the
       message names the file and the ways to prepare the data by hand.
@@ -60,7 +62,7 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
     dataset, info = tfds.load(data_config.dataset, split=split, data_dir=data_config.tfds_data_dir or None,
                               batch_size=65536, shuffle_files=False, with_info=True, **_tfds_kwargs(data_config))
   if not set(langs) <= set(info.features.keys()):
-    raise ValueError(f'{data_config.dataset} has languages {sorted(info.features.keys())}, not {langs}.')
+    raise errors.ConfigError(f'{data_config.dataset} has languages {sorted(info.features.keys())}, not {langs}.')
   columns = ([], [])
   for examples in tfds.as_numpy(dataset):
     for column, lang in zip(columns, langs):
@@ -118,18 +120,19 @@ def text_files(data_config: Any, split: str) -> tuple[str, list[str]]:
   test_files, each 'SOURCE_PATH,TARGET_PATH'.
 
   Raises:
-    ValueError: naming the key, for a value that is not two comma-separated paths, or a split that is none of
-      data.train_split, eval_split and test_split.
+    errors.ConfigError: naming the key, for a value that is not two comma-separated paths, or a split that is
+      none of data.train_split, eval_split and test_split.
   """
   for name, key in ((data_config.train_split, 'train_files'), (data_config.eval_split, 'eval_files'),
                     (data_config.test_split, 'test_files')):
     if split == name:
       paths = [path.strip() for path in data_config[key].split(',')]
       if len(paths) != 2 or not all(paths):
-        raise ValueError(f"Split {split!r} of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH' in data.{key}, "
-                         f'got {data_config[key]!r}.')
+        raise errors.ConfigError(
+            f"Split {split!r} of dataset 'text' needs files 'SOURCE_PATH,TARGET_PATH' in data.{key}, "
+            f'got {data_config[key]!r}.')
       return key, paths
-  raise ValueError(f"Split {split!r} is none of the train, eval and test splits of dataset 'text'.")
+  raise errors.ConfigError(f"Split {split!r} is none of the train, eval and test splits of dataset 'text'.")
 
 
 def split_source(data_config: Any, split: str) -> str:
@@ -147,13 +150,14 @@ def get_tokenizer(data_config: Any, workdir: str, process_index: int = 0) -> tok
   changes (encode -> decode != line; `tokenizer.round_trip`): BLEU scores the raw references.
 
   Raises:
-    ValueError: naming the split, when it has no non-empty line to train a vocabulary on.
+    errors.ConfigError: naming the split, when it has no non-empty line to train a vocabulary on.
   """
   def sentences():
     source, target = load_split(data_config, data_config.train_split)
     if not any(line.strip() for line in itertools.chain(source, target)):
-      raise ValueError(f'The {data_config.train_split!r} split has no non-empty line to train the vocabulary on '
-                       f'({split_source(data_config, data_config.train_split)}).')
+      raise errors.ConfigError(
+          f'The {data_config.train_split!r} split has no non-empty line to train the vocabulary on '
+          f'({split_source(data_config, data_config.train_split)}).')
     return itertools.chain(source, target)
   return tokenizer_lib.train_or_load(
       workdir, sentences, data_config.vocab_size, model_type=data_config.tokenizer_model_type,
@@ -313,7 +317,8 @@ def load_run_data(data_config: Any, tokenizer: tokenizer_lib.Tokenizer, *, rows_
     with_test: also read the test split (train.translate_at_end).
 
   Raises:
-    ValueError: if the validation split has no non-empty pair; from `load_split` for a bad file.
+    errors.ConfigError: if the validation split has no non-empty pair.
+    ValueError: from `load_split` for a bad file.
     FileNotFoundError: from `load_split`.
   """
   start = time.perf_counter()
@@ -326,8 +331,8 @@ def load_run_data(data_config: Any, tokenizer: tokenizer_lib.Tokenizer, *, rows_
   del train_source, train_target
   eval_split = encode_split(data_config, tokenizer, data_config.eval_split)
   if not any(eval_split.target_texts):
-    raise ValueError(f'The validation split {data_config.eval_split!r} has no non-empty pair '
-                     f'({split_source(data_config, data_config.eval_split)}): nothing to validate on.')
+    raise errors.ConfigError(f'The validation split {data_config.eval_split!r} has no non-empty pair '
+                             f'({split_source(data_config, data_config.eval_split)}): nothing to validate on.')
   test = encode_split(data_config, tokenizer, data_config.test_split) if with_test else None
   logging.info('Data: %d training pairs (%s), %d validation (%s)%s, read and tokenised in %.1f s.', num_train,
                data_config.train_split, len(eval_split.source_texts), data_config.eval_split,

@@ -31,6 +31,7 @@ from tensorboardX import record_writer
 from tensorboardX.proto import event_pb2
 
 from transformer_jax import checkpoints
+from transformer_jax import errors
 from transformer_jax import layers
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -72,13 +73,13 @@ def restore_params(workdir: str | os.PathLike[str], model_cfg: model_lib.ModelCo
     (params: nested dict of float32 jax arrays, the step read).
 
   Raises:
-    FileNotFoundError: if the workdir holds no checkpoint.
+    errors.MissingFileError: if the workdir holds no checkpoint.
     ValueError: if `step` is not committed or the checkpoint lacks a parameter of `model_cfg`.
   """
   manager = checkpoints.CheckpointManager(workdir, read_only=True)
   steps = manager.all_steps()
   if not steps:
-    raise FileNotFoundError(f'no checkpoint in {manager.directory}')
+    raise errors.MissingFileError(f'no checkpoint in {manager.directory}')
   step = steps[-1] if step is None else step
   return manager.restore_subtree(step, abstract_params(model_cfg), 'params'), step
 
@@ -117,7 +118,7 @@ def load_run(workdir: str | os.PathLike[str], config=None, step: int | None = No
     step: a checkpoint step; None means the latest.
 
   Raises:
-    FileNotFoundError: for a missing config, vocabulary or checkpoint.
+    errors.MissingFileError: for a missing config, vocabulary or checkpoint.
   """
   workdir = os.fspath(workdir)
   if config is None:
@@ -126,8 +127,8 @@ def load_run(workdir: str | os.PathLike[str], config=None, step: int | None = No
     config = workdir_lib.with_defaults(workdir_lib.load_config(config))
   tokenizer_path = workdir_lib.path(workdir, workdir_lib.vocabulary_file(config.data.vocab_size))
   if not os.path.isfile(tokenizer_path):
-    raise FileNotFoundError(f'no vocabulary {tokenizer_path}: is data.vocab_size={config.data.vocab_size} '
-                            'the one the run was trained with?')
+    raise errors.MissingFileError(f'no vocabulary {tokenizer_path}: is data.vocab_size={config.data.vocab_size} '
+                                  'the one the run was trained with?')
   tokenizer = tokenizer_lib.Tokenizer.load(tokenizer_path)
   model_cfg = model_lib.ModelConfig(vocab_size=tokenizer.vocab_size, **config.model)
   params, step = restore_params(workdir, model_cfg, step)

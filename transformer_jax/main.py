@@ -36,6 +36,7 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
+from transformer_jax import errors
 from transformer_jax import logs
 
 
@@ -77,11 +78,10 @@ flags.DEFINE_string('compilation_cache_dir',
 def use_compilation_cache(directory: str) -> None:
   """JAX's persistent compilation cache in `directory` (`~` expanded), for every program.
 
-  Every program, not only those over JAX's default 1 s of compilation: decoding compiles tens of loops of
-  ~0.1-0.8 s each (one per batch size and cache length); loaded, a first decode of test_2016_flickr took 11 s,
-  not 26. The size is not capped (JAX's default; delete the folder to empty it): JAX's cap needs `filelock`
-  and an access-time file beside every entry, and with either missing it fails every read or write with a
-  warning and loads nothing (docs/performance.md, session 15).
+  Every program, not only those over JAX's default 1 s of compilation: decoding compiles tens of short loops
+  (one per batch size and cache length), which a later run then loads instead of compiling. The size is not
+  capped (JAX's default; delete the folder to empty it): JAX's cap needs `filelock` and an access-time file
+  beside every entry, without which the cache loads nothing. Measured effect: docs/performance.md.
   """
   jax.config.update('jax_compilation_cache_dir', os.path.expanduser(directory))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
@@ -104,9 +104,9 @@ def main(argv):
     print(config_doc.describe(config), end='')
     return
   if mode == 'summary':
-    from transformer_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+    from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
     from transformer_jax import summary  # pylint: disable=g-import-not-at-top
-    print(summary.summarize(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)))
+    print(summary.summarize(config_checks.model_config(config)))
     return
   if mode == 'benchmark':
     from transformer_jax import benchmark  # pylint: disable=g-import-not-at-top
@@ -221,11 +221,6 @@ def _print_help_and_exit(argv: list[str]) -> None:
   sys.exit(0)
 
 
-# Errors a user fixes (a config value or field, a file, a path, a run folder, memory, a download), printed as
-# their message alone; anything else is a bug and keeps its traceback.
-_USER_ERRORS = (ValueError, OSError, MemoryError, FloatingPointError, RuntimeError)
-
-
 def _unknown_field_message(error: AttributeError, argv: list[str]) -> str | None:
   """The one line for a misspelt `--config.<section>.<field>` (ml_collections raises AttributeError while the
   flags parse), or None when the error is not that."""
@@ -244,8 +239,9 @@ def _unknown_field_message(error: AttributeError, argv: list[str]) -> str | None
 
 
 def _run(argv: list[str]) -> None:
-  """app.run(main) with user errors as one line on stderr (exit status 1; --verbosity=1 for the traceback) and
-  Ctrl-C as a quiet stop (exit status 130)."""
+  """app.run(main) with a mistake the user can fix (`errors.UserError`, a misspelt config field) as one line on
+  stderr (exit status 1; --verbosity=1 for the traceback) and Ctrl-C as a quiet stop (exit status 130). Any other
+  exception is a bug: it keeps its traceback."""
   try:
     app.run(main, argv=prepare_argv(argv))
   except KeyboardInterrupt:
@@ -256,10 +252,10 @@ def _run(argv: list[str]) -> None:
     if message is None:
       raise
     sys.exit(message)
-  except _USER_ERRORS as error:
+  except errors.UserError as error:
     if flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1:
       raise
-    sys.exit(f'{type(error).__name__}: {error}\n(--verbosity=1 shows the traceback)')
+    sys.exit(f'{errors.one_line(error)}\n(--verbosity=1 shows the traceback)')
 
 
 if __name__ == '__main__':

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import batching
+from transformer_jax import errors
 from transformer_jax import sharding
 
 _MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes',
@@ -28,7 +29,7 @@ _PACKED_KEYS = ('source_segment_ids', 'target_segment_ids', 'source_positions', 
 HOST_MEMORY_FRACTION = 0.9
 
 
-class DoesNotFitError(MemoryError):
+class DoesNotFitError(errors.UserError, MemoryError):
   """A compiled step needs more memory than the devices (or the host) have."""
 
 

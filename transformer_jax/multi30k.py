@@ -35,6 +35,8 @@ import zlib
 from etils import epath
 import tensorflow_datasets as tfds
 
+from transformer_jax import errors
+
 LANGUAGES = ('en', 'de', 'fr')
 SPLIT_STEMS = {'train': 'train', 'validation': 'val', 'test': 'test_2016_flickr'}  # TFDS split -> file stem.
 URL = 'https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}'
@@ -66,8 +68,8 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
 
   Raises:
     FileNotFoundError: if the file does not exist (the message names the path).
-    ValueError: if the file is not valid UTF-8, naming the file and the 1-based line number, or a gzip file is
-      truncated or damaged, naming the file.
+    errors.DamagedFileError: if the file is not valid UTF-8, naming the file and the 1-based line number, or a
+      gzip file is truncated or damaged, naming the file.
   """
   path = epath.Path(path)
   data = path.read_bytes()
@@ -75,14 +77,15 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
     try:
       data = gzip.decompress(data)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-      raise ValueError(f'{path} is not a complete gzip file ({e}): it was cut short or damaged; copy or '
-                       'download it again.') from None
+      raise errors.DamagedFileError(f'{path} is not a complete gzip file ({e}): it was cut short or damaged; copy or '
+                                    'download it again.') from None
   try:
     text = data.decode('utf-8')
   except UnicodeDecodeError as e:
     line = data.count(b'\n', 0, e.start) + 1
     column = e.start - (data.rfind(b'\n', 0, e.start) + 1)
-    raise ValueError(f'{path}: line {line} is not valid UTF-8 ({e.reason} at byte {column} of the line).') from None
+    raise errors.DamagedFileError(
+        f'{path}: line {line} is not valid UTF-8 ({e.reason} at byte {column} of the line).') from None
   text = text.removeprefix('\ufeff')  # A byte-order mark is not part of the first sentence.
   lines = text.split('\n')
   if lines[-1] == '':  # The newline that ends the last line; also turns an empty file into no lines.
@@ -100,14 +103,15 @@ def read_parallel(paths: Sequence[str | os.PathLike[str]]) -> list[list[str]]:
     One list of lines per path, all of the same length.
 
   Raises:
-    ValueError: if the files have different numbers of lines (naming every file and its count), or as `read_lines`.
+    errors.DamagedFileError: if the files have different numbers of lines (naming every file and its count), or
+      as `read_lines`.
     FileNotFoundError: as `read_lines`.
   """
   columns = [read_lines(path) for path in paths]
   counts = [len(column) for column in columns]
   if len(set(counts)) > 1:
     listing = ', '.join(f'{path} has {count}' for path, count in zip(paths, counts))
-    raise ValueError(f'Parallel files must have the same number of lines: {listing}.')
+    raise errors.DamagedFileError(f'Parallel files must have the same number of lines: {listing}.')
   return columns
 
 
@@ -115,35 +119,35 @@ def check_languages(languages: Sequence[str]) -> tuple[str, ...]:
   """The distinct languages, in their order.
 
   Raises:
-    ValueError: listing Multi30k's languages, for any other.
+    errors.ConfigError: listing Multi30k's languages, for any other.
   """
   if not set(languages) <= set(LANGUAGES):
-    raise ValueError(f'multi30k has languages {sorted(LANGUAGES)}, not {tuple(languages)}.')
+    raise errors.ConfigError(f'multi30k has languages {sorted(LANGUAGES)}, not {tuple(languages)}.')
   return tuple(dict.fromkeys(languages))
 
 
 def check_manual_dir(manual_dir: str | os.PathLike[str], languages: Sequence[str] = LANGUAGES) -> None:
-  """Raises ValueError if `manual_dir` lacks a file of `languages`, naming the missing and the needed files.
+  """Raises errors.ConfigError if `manual_dir` lacks a file of `languages`, naming the missing and the needed files.
 
   Args:
     manual_dir: the folder (data.manual_dir).
     languages: the languages that must be there, e.g. ('en', 'de') for an English-German run.
 
   Raises:
-    FileNotFoundError: naming the absolute path, when the folder does not exist.
-    ValueError: for a missing file, or a language Multi30k does not have.
+    errors.MissingFileError: naming the absolute path, when the folder does not exist.
+    errors.ConfigError: for a missing file, or a language Multi30k does not have.
   """
   manual_dir, languages = epath.Path(manual_dir), check_languages(languages)
   if not manual_dir.is_dir():
     given = os.fspath(manual_dir)
     shown = os.path.abspath(given) if '://' not in given else given
     relative = f' (given as {given!r}, relative to {os.getcwd()})' if shown != given else ''
-    raise FileNotFoundError(f'data.manual_dir: the folder {shown} does not exist{relative}.')
+    raise errors.MissingFileError(f'data.manual_dir: the folder {shown} does not exist{relative}.')
   needed = file_names(languages)
   missing = [name for name in needed if not (manual_dir / name).exists()]
   if missing:
-    raise ValueError(f'Multi30k manual_dir {manual_dir} lacks {", ".join(missing)}. '
-                     f'For languages {"-".join(languages)} it needs: {", ".join(needed)}.')
+    raise errors.ConfigError(f'Multi30k manual_dir {manual_dir} lacks {", ".join(missing)}. '
+                             f'For languages {"-".join(languages)} it needs: {", ".join(needed)}.')
 
 
 def files_digest(manual_dir: str | os.PathLike[str], languages: Sequence[str]) -> tuple[str, dict[str, int]]:

@@ -2,6 +2,8 @@
 import jax.numpy as jnp
 import optax
 
+from transformer_jax import errors
+
 
 def rsqrt_schedule(d_model: int, warmup_steps: int, learning_rate_scale: float = 1.0) -> optax.Schedule:
   """lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5) (§5.3, Eq. 3).
@@ -19,15 +21,15 @@ def rsqrt_schedule(d_model: int, warmup_steps: int, learning_rate_scale: float =
     A schedule mapping the int update count to a float32 learning rate.
 
   Raises:
-    ValueError: if warmup_steps or d_model is not positive, or the scale is not positive.
+    errors.ConfigError: if warmup_steps or d_model is not positive, or the scale is not positive.
   """
   if warmup_steps <= 0:
-    raise ValueError(f'train.warmup_steps must be a positive integer, got {warmup_steps!r} '
-                     '(the §5.3 schedule divides by it)')
+    raise errors.ConfigError(f'train.warmup_steps must be a positive integer, got {warmup_steps!r} '
+                             '(the §5.3 schedule divides by it)')
   if d_model <= 0:
-    raise ValueError(f'model.d_model must be positive, got {d_model!r}')
+    raise errors.ConfigError(f'model.d_model must be positive, got {d_model!r}')
   if learning_rate_scale <= 0:
-    raise ValueError(f'train.learning_rate_scale must be positive, got {learning_rate_scale!r}')
+    raise errors.ConfigError(f'train.learning_rate_scale must be positive, got {learning_rate_scale!r}')
 
   def schedule(count):
     step = jnp.asarray(count, jnp.float32) + 1.0
@@ -41,15 +43,15 @@ def make_optimizer(schedule: optax.Schedule, *, b1: float = 0.9, b2: float = 0.9
   """Adam with the paper's hyperparameters (§5.3); global-norm clipping only when grad_clip_norm > 0.
 
   Raises:
-    ValueError: for betas outside [0, 1), a non-positive eps or a negative grad_clip_norm.
+    errors.ConfigError: for betas outside [0, 1), a non-positive eps or a negative grad_clip_norm.
   """
   for name, value in (('adam_b1', b1), ('adam_b2', b2)):
     if not 0.0 <= value < 1.0:
-      raise ValueError(f'train.{name} must be in [0, 1), got {value!r}')
+      raise errors.ConfigError(f'train.{name} must be in [0, 1), got {value!r}')
   if eps <= 0:
-    raise ValueError(f'train.adam_eps must be positive, got {eps!r}')
+    raise errors.ConfigError(f'train.adam_eps must be positive, got {eps!r}')
   if grad_clip_norm < 0:
-    raise ValueError(f'train.grad_clip_norm must be >= 0 (0 disables clipping), got {grad_clip_norm!r}')
+    raise errors.ConfigError(f'train.grad_clip_norm must be >= 0 (0 disables clipping), got {grad_clip_norm!r}')
   adam = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
   if grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)

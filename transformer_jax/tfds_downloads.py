@@ -19,12 +19,14 @@ import contextlib
 import os
 from typing import Any
 
+from transformer_jax import errors
+
 # From TFDS's catalog documentation (docs/catalog/wmt14_translate.md): the archives a dataset downloads in all.
 CATALOG_DOWNLOAD_SIZES = {'wmt14_translate/de-en': '1.58 GiB', 'wmt14_translate/fr-en': '6.20 GiB'}
 RETRIES = 1  # urllib3 retries per request inside fail_fast (TFDS: 10, about 200 s offline).
 
 
-class DownloadError(RuntimeError):
+class DownloadError(errors.UserError, RuntimeError):
   """A TFDS download or its preparation failed; the message names the file and the offline routes."""
 
 
@@ -104,7 +106,7 @@ def fail_fast(dataset: str, data_dir: str | None = None) -> Iterator[None]:
     yield
   except download_manager_lib.NonMatchingChecksumError as e:
     raise DownloadError(message('a downloaded file does not match its registered size and SHA-256 (truncated '
-                                'or damaged; it was not kept, the next run downloads it again)', e)) from e
+                        'or damaged; it was not kept, the next run downloads it again)', e)) from e
   except extractor_lib.ExtractError as e:
     raise DownloadError(message('an archive does not extract (truncated or damaged)', e)) from e
   finally:

@@ -35,6 +35,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from transformer_jax import errors
 from transformer_jax import workdir as workdir_lib
 
 PAD_ID = 0
@@ -56,13 +57,13 @@ class Tokenizer:
       model_proto: the bytes of a `.model` file.
 
     Raises:
-      ValueError: if the model's special ids differ from PAD_ID, BOS_ID, EOS_ID, UNK_ID.
+      errors.DamagedFileError: if the model's special ids differ from PAD_ID, BOS_ID, EOS_ID, UNK_ID.
     """
     self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
     ids = (self._processor.pad_id(), self._processor.bos_id(), self._processor.eos_id(), self._processor.unk_id())
     if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
-      raise ValueError(f'SentencePiece model has (pad, bos, eos, unk) ids {ids}; '
-                       f'expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}.')
+      raise errors.DamagedFileError(f'SentencePiece model has (pad, bos, eos, unk) ids {ids}; '
+                                    f'expected {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}.')
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model_proto)
     self._normalization = proto.normalizer_spec.name
@@ -73,13 +74,14 @@ class Tokenizer:
     """Loads a `.model` file (local or any path `etils.epath` reads, such as gs://).
 
     Raises:
-      ValueError: naming the file, when it is not a SentencePiece model (truncated or damaged).
+      errors.DamagedFileError: naming the file, when it is not a SentencePiece model (truncated or damaged).
     """
     try:
       return cls(epath.Path(path).read_bytes())
     except (RuntimeError, google.protobuf.message.DecodeError) as e:
-      raise ValueError(f'{path} is not a readable SentencePiece model ({e}): the file is damaged or truncated. '
-                       'Restore it; a run without checkpoints can delete it to train it again.') from None
+      raise errors.DamagedFileError(
+          f'{path} is not a readable SentencePiece model ({e}): the file is damaged or truncated. '
+          'Restore it; a run without checkpoints can delete it to train it again.') from None
 
   @property
   def normalization(self) -> str:
@@ -237,8 +239,9 @@ def train_or_load(workdir: str | os.PathLike[str],
     The loaded Tokenizer.
 
   Raises:
-    ValueError: for an existing file trained with another normalization, or a vocab_size the corpus cannot
-      fill or that is smaller than its characters plus the special and byte pieces (naming data.vocab_size).
+    errors.ConfigError: for an existing file trained with another normalization, or a vocab_size the corpus
+      cannot fill or that is smaller than its characters plus the special and byte pieces (naming
+      data.vocab_size).
     TimeoutError: if the file does not appear within timeout_secs on a process other than 0.
   """
   path = epath.Path(workdir_lib.path(workdir, workdir_lib.vocabulary_file(vocab_size)))
@@ -252,7 +255,7 @@ def train_or_load(workdir: str | os.PathLike[str],
     except RuntimeError as e:  # SentencePiece reports a size that does not fit the corpus as a RuntimeError.
       if 'ocabulary size' not in str(e):
         raise
-      raise ValueError(f'data.vocab_size={vocab_size} does not fit this corpus: {e}') from e
+      raise errors.ConfigError(f'data.vocab_size={vocab_size} does not fit this corpus: {e}') from e
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f'{path.name}.tmp-{os.getpid()}'
     tmp.write_bytes(proto)
@@ -269,7 +272,7 @@ def train_or_load(workdir: str | os.PathLike[str],
     time.sleep(poll_secs)
   tokenizer = Tokenizer.load(path)
   if tokenizer.normalization != normalization:
-    raise ValueError(f'{path} was trained with normalisation {tokenizer.normalization!r}, not '
-                     f'data.tokenizer_normalization={normalization!r}: use a new workdir, or the same setting.')
+    raise errors.ConfigError(f'{path} was trained with normalisation {tokenizer.normalization!r}, not '
+                             f'data.tokenizer_normalization={normalization!r}: use a new workdir, or the same setting.')
   return tokenizer
 

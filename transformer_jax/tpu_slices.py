@@ -16,6 +16,8 @@ import os
 
 import jax
 
+from transformer_jax import errors
+
 GiB = 2**30
 
 
@@ -106,7 +108,7 @@ def parse(name: str) -> Slice:
   """The slice of a Cloud TPU accelerator type: 'v4-8', 'v5e-8' (or 'v5litepod-8'), 'v5p-8', 'v6e-8', ...
 
   Raises:
-    ValueError: for a name that is not a known slice, listing the known ones.
+    errors.ConfigError: for a name that is not a known slice, listing the known ones.
   """
   generation, _, count = name.strip().lower().partition('-')
   generation = _ALIASES.get(generation, generation)
@@ -114,12 +116,12 @@ def parse(name: str) -> Slice:
   shapes = (_SHAPES_3D if chip.torus_dims == 3 else _SHAPES_2D) if chip else {}
   chips = int(count) // chip.cores_per_chip if chip and count.isdigit() else None
   if chips not in shapes or int(count) % chip.cores_per_chip:
-    raise ValueError(f'compile.topology={name!r} is not a known TPU slice; known: {", ".join(known_slices())} '
-                     '(v4 and v5p count TensorCores, two per chip; v5e, alias v5litepod, and v6e count chips)')
+    raise errors.ConfigError(f'compile.topology={name!r} is not a known TPU slice; known: {", ".join(known_slices())} '
+                             '(v4 and v5p count TensorCores, two per chip; v5e, alias v5litepod, and v6e count chips)')
   return Slice(name, chip, chips, shapes[chips])
 
 
-class LibtpuMissingError(RuntimeError):
+class LibtpuMissingError(errors.UserError, RuntimeError):
   """The TPU compiler (libtpu) is not installed."""
 
 

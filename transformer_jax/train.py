@@ -9,8 +9,9 @@ Reliability, as the loop implements it:
     normally (exit status 0); a second SIGINT interrupts at once. A kill -9 loses only the steps after the
     last checkpoint: orbax commits a checkpoint by renaming a finished temporary folder.
   - Non-finite values: an update whose loss, gradient or parameter update is not finite is never applied
-    (`train_step`); then the run stops with FloatingPointError naming the step and the checkpoint to resume
-    from (train.on_nonfinite='stop'), or logs it and carries on ('skip'). Checkpoints never hold NaN.
+    (`train_step`); then the run stops with `errors.DivergedError` (a FloatingPointError) naming the step and
+    the checkpoint to resume from (train.on_nonfinite='stop'), or logs it and carries on ('skip'). Checkpoints
+    never hold NaN.
   - Start-up: config values, input files, the workdir (writable, no incompatible run in it) and, when
     translating at the end, the test split are checked before training (`experiment.setup`).
 """
@@ -32,6 +33,7 @@ import optax
 import tensorboardX
 
 from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import errors
 from transformer_jax import evaluate as evaluate_lib
 from transformer_jax import experiment
 from transformer_jax import flops as flops_lib
@@ -188,7 +190,7 @@ class _Progress:
     self.total_flops += step_flops
 
   def check_pending(self) -> None:
-    """Checks the last recorded step; raises FloatingPointError or warns (train.on_nonfinite) if it was skipped."""
+    """Checks the last recorded step; raises errors.DivergedError or warns (train.on_nonfinite) if it was skipped."""
     if self.pending is None:
       return
     (step, metrics), self.pending = self.pending, None
@@ -201,8 +203,8 @@ class _Progress:
       return
     resume = (f'resume from checkpoint step {latest} in {self.setup.checkpoints.directory}' if latest is not None
               else f'no checkpoint has been written to {self.setup.checkpoints.directory} yet')
-    raise FloatingPointError(f'{message}. Stopped: {resume} (e.g. with a lower train.learning_rate_scale), '
-                             'or set train.on_nonfinite=skip.')
+    raise errors.DivergedError(f'{message}. Stopped: {resume} (e.g. with a lower train.learning_rate_scale), '
+                               'or set train.on_nonfinite=skip.')
 
   def report(self, step: int) -> None:
     self.check_pending()
@@ -368,7 +370,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     {'stopped_at_step': step} when a signal stopped training (after saving checkpoint `step`).
 
   Raises:
-    FloatingPointError: for a non-finite loss or gradient with train.on_nonfinite='stop'.
+    errors.DivergedError: for a non-finite loss or gradient with train.on_nonfinite='stop'.
     ValueError, FileNotFoundError, OSError: from the start-up checks (`experiment.setup`).
   """
   data_cfg = config.data

@@ -22,6 +22,7 @@ from etils import epath
 import jax
 
 from transformer_jax import checkpoints as checkpoints_lib
+from transformer_jax import errors
 from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax import input_pipeline
@@ -30,14 +31,14 @@ SWEEP_FILE = 'decoding_sweep.json'
 
 
 def check_grid(beam_sizes: Sequence[int], alphas: Sequence[float]) -> None:
-  """Raises ValueError (naming the flag) for an empty grid, a beam size below 1 or a negative alpha."""
+  """Raises errors.ConfigError (naming the flag) for an empty grid, a beam size below 1 or a negative alpha."""
   if not beam_sizes or not alphas:
-    raise ValueError('--mode=tune_decoding needs at least one --beam_sizes and one --alphas value, e.g. '
-                     '--beam_sizes=4,6 --alphas=0.6,1.0')
+    raise errors.ConfigError('--mode=tune_decoding needs at least one --beam_sizes and one --alphas value, e.g. '
+                             '--beam_sizes=4,6 --alphas=0.6,1.0')
   if any(b < 1 for b in beam_sizes):
-    raise ValueError(f'--beam_sizes={",".join(map(str, beam_sizes))}: every beam size must be at least 1')
+    raise errors.ConfigError(f'--beam_sizes={",".join(map(str, beam_sizes))}: every beam size must be at least 1')
   if any(a < 0 for a in alphas):
-    raise ValueError(f'--alphas={",".join(map(str, alphas))}: every length penalty alpha must be >= 0')
+    raise errors.ConfigError(f'--alphas={",".join(map(str, alphas))}: every length penalty alpha must be >= 0')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +54,13 @@ class Window:
     """The window's steps among `kept`.
 
     Raises:
-      ValueError: if the run kept fewer than `count` checkpoints up to `until`.
+      errors.ConfigError: if the run kept fewer than `count` checkpoints up to `until`.
     """
     eligible = [step for step in sorted(kept) if self.until is None or step <= self.until]
     if len(eligible) < self.count:
-      raise ValueError(f'--average_windows={self}: the run kept {len(eligible)} checkpoints'
-                       f'{"" if self.until is None else f" up to step {self.until}"} ({list(kept)}); keep more '
-                       'with train.max_checkpoints_to_keep when training')
+      raise errors.ConfigError(f'--average_windows={self}: the run kept {len(eligible)} checkpoints'
+                               f'{"" if self.until is None else f" up to step {self.until}"} ({list(kept)}); keep '
+                               'more with train.max_checkpoints_to_keep when training')
     return eligible[-self.count:]
 
 
@@ -67,7 +68,7 @@ def parse_windows(values: Sequence[str]) -> list[Window]:
   """`--average_windows` values ('N' or 'N@STEP') as Windows.
 
   Raises:
-    ValueError: naming the flag, for a value that is not N or N@STEP with N >= 1.
+    errors.ConfigError: naming the flag, for a value that is not N or N@STEP with N >= 1.
   """
   windows = []
   for value in values:
@@ -77,8 +78,8 @@ def parse_windows(values: Sequence[str]) -> list[Window]:
     except ValueError:
       window = None
     if window is None or window.count < 1:
-      raise ValueError(f'--average_windows={",".join(values)}: {value!r} is not N or N@STEP with N >= 1, e.g. '
-                       '10 or 10@6000')
+      raise errors.ConfigError(f'--average_windows={",".join(values)}: {value!r} is not N or N@STEP with N >= 1, '
+                               'e.g. 10 or 10@6000')
     windows.append(window)
   return windows
 
@@ -115,8 +116,8 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
     highest sacreBLEU, and 'checkpoint_steps' its steps.
 
   Raises:
-    ValueError: from `check_grid` (before anything is read), for a window the run's checkpoints cannot fill
-      (before anything is decoded), or from `experiment.setup`.
+    errors.ConfigError: from `check_grid` (before anything is read), for a window the run's checkpoints cannot
+      fill (before anything is decoded), or from `experiment.setup`.
     FileNotFoundError: from `experiment.setup` or `evaluate.load_params`.
   """
   check_grid(beam_sizes, alphas)

@@ -32,6 +32,8 @@ import sys
 from etils import epath
 import ml_collections
 
+from transformer_jax import errors
+
 CONFIG = 'config.json'
 CONFIG_CHANGES = 'config_changes.json'
 CHECKPOINTS = 'checkpoints'
@@ -149,8 +151,8 @@ def load_run_config(workdir: str | os.PathLike[str]) -> ml_collections.ConfigDic
   (`with_defaults`) and every change recorded in `config_changes.json` applied in order.
 
   Raises:
-    FileNotFoundError: if `<workdir>/config.json` does not exist.
-    ValueError: naming the file, if config.json or config_changes.json is not valid JSON.
+    errors.MissingFileError: if `<workdir>/config.json` does not exist.
+    errors.DamagedFileError: naming the file, if config.json or config_changes.json is not valid JSON.
   """
   stored = with_defaults(load_config(path(workdir, CONFIG)))
   changes_path = epath.Path(path(workdir, CONFIG_CHANGES))
@@ -158,7 +160,8 @@ def load_run_config(workdir: str | os.PathLike[str]) -> ml_collections.ConfigDic
     try:
       history = json.loads(changes_path.read_text(encoding='utf-8'))
     except ValueError as e:
-      raise ValueError(f'{changes_path} is not valid JSON ({e}); restore it or remove its last entry.') from None
+      raise errors.DamagedFileError(
+          f'{changes_path} is not valid JSON ({e}); restore it or remove its last entry.') from None
     for entry in history:
       for key, (_, value) in entry['changes'].items():
         section, name = key.split('.', 1)
@@ -175,7 +178,8 @@ def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> m
       Config files do `from configs import base`, so the folder above the file's is put on sys.path.
 
   Raises:
-    FileNotFoundError: naming the path when there is no such file.
+    errors.MissingFileError: naming the path when there is no such file.
+    errors.DamagedFileError: naming the file, if a config.json is not valid JSON.
   """
   if isinstance(config, ml_collections.ConfigDict):
     return config
@@ -185,13 +189,13 @@ def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> m
   match = re.fullmatch(r'(.+\.py):(.+)', text)
   file, arg = (match[1], match[2]) if match else (text, '')
   if not epath.Path(file).is_file():
-    raise FileNotFoundError(f'no config file {file!r} (give a ConfigDict, configs/<name>.py or a config.json)')
+    raise errors.MissingFileError(f'no config file {file!r} (give a ConfigDict, configs/<name>.py or a config.json)')
   if file.endswith('.json'):
     try:
       return ml_collections.ConfigDict(json.loads(epath.Path(file).read_text(encoding='utf-8')))
     except ValueError as e:
-      raise ValueError(f'{file} is not valid JSON ({e}): the file is damaged (restore it from a copy, or '
-                       'train in a new --workdir).') from None
+      raise errors.DamagedFileError(f'{file} is not valid JSON ({e}): the file is damaged (restore it from a copy, or '
+                                    'train in a new --workdir).') from None
   root = str(pathlib.Path(file).resolve().parents[1])
   if root not in sys.path:
     sys.path.insert(0, root)
@@ -206,11 +210,11 @@ def get_config(workdir: str) -> ml_collections.ConfigDict:
   `<workdir>/config.json` (what `main` passes when --config is left out and the workdir has one).
 
   Raises:
-    FileNotFoundError: if `<workdir>/config.json` does not exist.
+    errors.MissingFileError: if `<workdir>/config.json` does not exist.
   """
   file = path(workdir, CONFIG)
   if not epath.Path(file).is_file():
-    raise FileNotFoundError(f'{file} does not exist: --workdir={workdir} holds no run (pass --config=...)')
+    raise errors.MissingFileError(f'{file} does not exist: --workdir={workdir} holds no run (pass --config=...)')
   return load_run_config(workdir)
 
 
@@ -233,7 +237,7 @@ def with_defaults(stored: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return stored
 
 
-class WorkdirInUseError(RuntimeError):
+class WorkdirInUseError(errors.RunFolderError):
   """Another process holds the run folder's `run.lock`."""
 
 
