@@ -16,7 +16,7 @@ import pytest
 from transformer_jax import config_checks
 from transformer_jax import flops
 from transformer_jax import model as model_lib
-from transformer_jax import summary
+from transformer_jax.tools import summary
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / 'configs'

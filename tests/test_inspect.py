@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.inspection and transformer_jax.plots on tiny models and synthetic runs."""
+"""Tests for transformer_jax.tools.inspection and transformer_jax.tools.plots on tiny models and synthetic runs."""
 import json
 import os
 import pathlib
@@ -13,11 +13,11 @@ import pytest
 import tensorboardX
 
 from transformer_jax import checkpoints
-from transformer_jax import inspection
 from transformer_jax import model as model_lib
-from transformer_jax import plots
 from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import workdir as workdir_lib
+from transformer_jax.tools import inspection
+from transformer_jax.tools import plots
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -37,8 +37,8 @@ def main_raising(error: str, *flags, cwd: pathlib.Path) -> subprocess.CompletedP
   driver = cwd / 'raising_main.py'
   driver.write_text(textwrap.dedent(f"""\
       import runpy
-      from transformer_jax import config_doc
       from transformer_jax import errors
+      from transformer_jax.tools import config_doc
 
       def describe(config):
         raise {error}

@@ -17,7 +17,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import aot
 from transformer_jax import checkpoints
 from transformer_jax import experiment
 from transformer_jax import memory
@@ -26,6 +25,7 @@ from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import train
 from transformer_jax import translation
+from transformer_jax.tools import aot
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:

@@ -15,9 +15,9 @@ from transformer_jax import layers
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import summary
 from transformer_jax import train
 from transformer_jax import translation
+from transformer_jax.tools import summary
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 VOCAB = 64

@@ -264,7 +264,7 @@ def _write_hypotheses(output_dir: str, split: str, target_lang: str, hypotheses:
 def _write_final_metrics(checkpoint_selection: str, output_dir: str, results: dict[str, float], steps: list[int],
                          params, run_info=None) -> None:
   """`<output_dir>/final_metrics.json`: the final evaluation's figures, the checkpoints they come from and the
-  parameter count of `params` (what transformer_jax.report reads)."""
+  parameter count of `params` (what transformer_jax.tools.report reads)."""
   if jax.process_index() == 0:
     num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     record = {key: float(value) for key, value in results.items()} | (run_info or {}) | {

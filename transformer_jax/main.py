@@ -100,20 +100,20 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, mode, workdir = flags.FLAGS.config, flags.FLAGS.mode, flags.FLAGS.workdir
   if mode == 'config':
-    from transformer_jax import config_doc  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import config_doc  # pylint: disable=g-import-not-at-top
     print(config_doc.describe(config), end='')
     return
   if mode == 'summary':
     from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
-    from transformer_jax import summary  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import summary  # pylint: disable=g-import-not-at-top
     print(summary.summarize(config_checks.model_config(config)))
     return
   if mode == 'benchmark':
-    from transformer_jax import benchmark  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import benchmark  # pylint: disable=g-import-not-at-top
     benchmark.run(config)
     return
   if mode == 'compile':  # --workdir is optional: it only receives compile.json.
-    from transformer_jax import aot  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import aot  # pylint: disable=g-import-not-at-top
     aot.compile_only(config, workdir)
     return
   if workdir is None:
@@ -144,7 +144,7 @@ def main(argv):
     from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
     tune_decoding.tune_decoding(config, workdir, *_decoding_grid())  # It checks the ranges first.
   elif mode == 'export':
-    from transformer_jax import export  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import export  # pylint: disable=g-import-not-at-top
     export.export_run(config, workdir, flags.FLAGS.output)
 
 

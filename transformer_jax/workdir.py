@@ -9,7 +9,7 @@
     best_checkpoints/<step>/            parameters of the eval.average_best_n best steps by validation BLEU
     unusable_checkpoints/<step>.<time>/ checkpoints found unreadable at resumption, set aside
     <split>.hyp.<target_lang>           the final evaluation's hypotheses, one line per source line
-    final_metrics.json                  the final evaluation's figures (what transformer_jax.report reads)
+    final_metrics.json                  the final evaluation's figures (what transformer_jax.tools.report reads)
     run.lock                            held by the one process that writes the run (train, evaluate; `RunLock`)
     compile.json                        --mode=compile's memory and FLOP estimates
     evaluations/<YYYYmmdd-HHMMSS>/      each --mode=evaluate's hypotheses and final_metrics.json

@@ -25,7 +25,7 @@ def tiny_config(corpus_dir: str | os.PathLike[str], num_train_steps: int = 40) -
   Raises:
     FileNotFoundError: if configs/tiny.py is not beside the package (it is in a clone or editable install).
   """
-  config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'tiny.py')
+  config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'tiny.py')
   files = lambda stem: f'{corpus_dir}/{stem}.en.gz,{corpus_dir}/{stem}.de.gz'
   config.data.update(dataset='text', train_files=files('train'), eval_files=files('val'),
                      test_files=files('test_2016_flickr'), vocab_size=VOCAB_SIZE, bucket_lengths=(32,))

@@ -39,11 +39,11 @@ from absl import flags
 import scipy.stats
 import tabulate
 
-from transformer_jax import findings as findings_lib
-from transformer_jax import significance
 from transformer_jax import workdir as workdir_lib
+from transformer_jax.tools import findings as findings_lib
+from transformer_jax.tools import significance
 
-_DEFAULT_ROWS = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'table3.py'
+_DEFAULT_ROWS = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'table3.py'
 CONFIG_FILE = workdir_lib.CONFIG
 METRICS_FILE = workdir_lib.FINAL_METRICS
 SWEEP_STATUS_FILE = 'sweep_status.json'
@@ -111,7 +111,7 @@ def train_perplexity(workdir: pathlib.Path) -> float | None:
   """
   values = []
   if any(p.name.startswith('events.out.tfevents.') for p in workdir.iterdir()):  # Live (or rerun) first.
-    from transformer_jax import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for live runs)
+    from transformer_jax.tools import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for live runs)
     scalars = inspection.read_scalars(workdir)
     values = list(scalars['train/nll'].values) if 'train/nll' in scalars else []
   if not values:
@@ -328,7 +328,7 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   if results:
     text += ('\nThe findings, tested (each by its source: a section of the paper, or the paper a variant comes from; '
              'the difference is row minus reference with its 95% interval; p two-sided; Holm p adjusted within '
-             'its family; transformer_jax.findings):\n\n'
+             'its family; transformer_jax.tools.findings):\n\n'
              f'{findings_lib.markdown(results)}')
   nan_to_none = lambda x: None if isinstance(x, float) and math.isnan(x) else x
   correlations = {}
@@ -366,7 +366,7 @@ def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[st
     ValueError: naming every finished run without a training curve ('train/nll') or a validation curve
       ('eval/perplexity'); nothing is written then.
   """
-  from transformer_jax import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for archiving)
+  from transformer_jax.tools import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for archiving)
   runs = {}
   for run in sorted(p for p in pathlib.Path(directory).iterdir() if (p / METRICS_FILE).is_file()):
     scalars = inspection.read_scalars(run)
