@@ -16,8 +16,8 @@ from absl import flags
 from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # Configs import `configs.base`.
-from transformer_jax import batching  # pylint: disable=wrong-import-position
-from transformer_jax import input_pipeline  # pylint: disable=wrong-import-position
+from transformer_jax.data import batching  # pylint: disable=wrong-import-position
+from transformer_jax.data import input_pipeline  # pylint: disable=wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/base.py', 'Config file (its data fields are used).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for the vocabulary.', required=True)

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.batching: token-budget buckets, packing, the resumable training iterator, BPE-dropout
+"""Tests for transformer_jax.data.batching: token-budget buckets, packing, the resumable training iterator, BPE-dropout
 resampling slots, host slices and evaluation batches, on synthetic token ids (no corpus needed)."""
 import collections
 import json
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from configs import base
-from transformer_jax import batching
-from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax.data import batching
+from transformer_jax.data import tokenizer as tokenizer_lib
 
 EOS, BOS = tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID
 BUCKETS = base.get_config().data.bucket_lengths

@@ -88,7 +88,7 @@ CHINESE = ['一个男人在湖上骑自行车。', '两个孩子在花园里玩�
 
 def test_chinese_target_from_text_files(tmp_path):
   """dataset='text' with a Chinese target: BLEU uses sacreBLEU's 'zh' tokenizer, as its signature says."""
-  from transformer_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
   (tmp_path / 'test.en').write_text('A man rides a bike on the lake.\nTwo children play.\nA dog runs.\n')
   (tmp_path / 'test.zh').write_text(''.join(f'{line}\n' for line in CHINESE), encoding='utf-8')

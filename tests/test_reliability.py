@@ -547,7 +547,7 @@ def test_failed_rerun_leaves_the_config_and_a_resume_records_its_changes(tmp_pat
 
 def test_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
   # Issue #32, 6: a BOM stayed in reference line 1 (a hypothesis equal to the line scored 89.3, not 100).
-  from transformer_jax import multi30k  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import multi30k  # pylint: disable=g-import-not-at-top
   path = tmp_path / 'refs.de'
   path.write_bytes('\ufeffein Mann\nein Hund\n'.encode('utf-8'))
   assert multi30k.read_lines(path) == ['ein Mann', 'ein Hund']
@@ -555,7 +555,7 @@ def test_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
 
 def test_truncated_config_and_vocabulary_name_the_file(tmp_path, reference_run):
   # Issue #32, 5: a JSONDecodeError without a file, a SentencePiece ParseFromArray error.
-  from transformer_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   config_json = tmp_path / 'config.json'
   config_json.write_text((reference_run.workdir / 'config.json').read_text()[:100])
   with pytest.raises(ValueError, match=rf'{re.escape(str(config_json))} is not valid JSON .*the file is damaged'):
@@ -596,7 +596,7 @@ def test_truncated_gzip_empty_training_and_validation_files_name_the_cause(monke
   # Issue #32, 5: an EOFError with no file name; SentencePiece's `!sentences_.empty()`; an IndexError after the
   # vocabulary and config.json were written.
   import gzip  # pylint: disable=g-import-not-at-top
-  from transformer_jax import multi30k  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import multi30k  # pylint: disable=g-import-not-at-top
   cut = tmp_path / 'cut.en.gz'
   cut.write_bytes(gzip.compress(b'a man\n' * 1000)[:-30])
   with pytest.raises(ValueError, match=rf'{re.escape(str(cut))} is not a complete gzip file'):

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.tfds_downloads: TFDS download failures, injected below TFDS; never the network.
+"""Tests for transformer_jax.data.tfds_downloads: TFDS download failures, injected below TFDS; never the network.
 
 Each test prepares 'wmt14_translate/de-en' (configs/base.py's dataset) into tmp_path through TFDS's real download
 manager and downloader, with the failure injected at requests' transport adapter or at the downloader's file
@@ -14,8 +14,8 @@ import requests
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import downloader as downloader_lib
 
-from transformer_jax import input_pipeline
-from transformer_jax import tfds_downloads
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import tfds_downloads
 
 tfds.disable_progress_bar()
 EUROPARL = 'http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz'

@@ -25,8 +25,8 @@ from transformer_jax import goodput
 from transformer_jax import model as model_lib
 from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import train
+from transformer_jax.data import tokenizer as tokenizer_lib
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from transformer_jax import batching
+from transformer_jax.data import batching
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:

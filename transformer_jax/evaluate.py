@@ -22,15 +22,15 @@ from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
 from transformer_jax import experiment
-from transformer_jax import batching
-from transformer_jax import input_pipeline
 from transformer_jax import losses
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
-from transformer_jax import multi30k
 from transformer_jax import sharding
 from transformer_jax import translation
 from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import batching
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import multi30k
 from transformer_jax.experiment import Setup
 
 Array = jax.Array

@@ -38,13 +38,13 @@ from transformer_jax import evaluate as evaluate_lib
 from transformer_jax import experiment
 from transformer_jax import flops as flops_lib
 from transformer_jax import goodput
-from transformer_jax import input_pipeline
 from transformer_jax import losses
 from transformer_jax import memory
 from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import input_pipeline
 from transformer_jax.experiment import Setup
 from transformer_jax.experiment import TrainState
 

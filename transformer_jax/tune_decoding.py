@@ -25,7 +25,7 @@ from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
 from transformer_jax import evaluate
 from transformer_jax import experiment
-from transformer_jax import input_pipeline
+from transformer_jax.data import input_pipeline
 
 SWEEP_FILE = 'decoding_sweep.json'
 

@@ -24,12 +24,12 @@ import numpy as np
 
 from transformer_jax import experiment
 from transformer_jax import flops as flops_lib
-from transformer_jax import batching
 from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import train
 from transformer_jax import translation
+from transformer_jax.data import batching
 
 def _timed(fn, *args, num_steps: int):
   """Median seconds of fn(*args) over num_steps calls after one warm-up call; returns (median, last output)."""

@@ -166,7 +166,7 @@ def export_ctranslate2(params: dict, cfg: model_lib.ModelConfig, vocabulary_file
       output_dir.
     errors.MissingPackageError: without the `ctranslate2` extra (`pip install -e '.[ctranslate2]'`).
   """
-  from transformer_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   if quantization not in QUANTIZATIONS:
     raise errors.ConfigError(f'export.quantization must be one of {QUANTIZATIONS}, got {quantization!r}')
   check_exportable(cfg)

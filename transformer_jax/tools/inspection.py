@@ -35,9 +35,9 @@ from transformer_jax import errors
 from transformer_jax import layers
 from transformer_jax import model as model_lib
 from transformer_jax import optim
-from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
 from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.tools import summary
 
 PyTree = Any

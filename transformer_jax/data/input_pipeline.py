@@ -22,12 +22,12 @@ from jax.experimental import multihost_utils
 import numpy as np
 import tensorflow_datasets as tfds
 
-from transformer_jax import batching
 from transformer_jax import errors
-from transformer_jax import multi30k
-from transformer_jax import tfds_downloads
-from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax.batching import Ragged
+from transformer_jax.data import batching
+from transformer_jax.data import multi30k
+from transformer_jax.data import tfds_downloads
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data.batching import Ragged
 
 
 def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:

@@ -43,7 +43,7 @@ from absl import logging
 import numpy as np
 
 from transformer_jax import errors
-from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax.data import tokenizer as tokenizer_lib
 
 Batch = dict[str, np.ndarray]
 
