@@ -1,8 +1,8 @@
-"""Tests for transformer_jax.bleu."""
+"""Tests for transformer_jax.evaluation.bleu."""
 import pytest
 import sacrebleu
 
-from transformer_jax import bleu
+from transformer_jax.evaluation import bleu
 
 REFERENCES = ['Ein Mann fährt mit seinem Haus-Boot über den See.',
               'Zwei Kinder spielen im Garten, während die Sonne scheint.']

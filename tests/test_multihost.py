@@ -22,7 +22,6 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer_jax import distributed
-from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import optim
@@ -31,6 +30,7 @@ from transformer_jax import train
 from transformer_jax import translation
 from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
+from transformer_jax.evaluation import evaluate
 
 import processes  # pylint: disable=g-bad-import-order  (tests/processes.py)
 

@@ -19,11 +19,11 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import evaluate
 from transformer_jax import config_checks
 from transformer_jax import experiment
 from transformer_jax import train
 from transformer_jax import workdir as workdir_lib
+from transformer_jax.evaluation import evaluate
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from transformer_jax import config_checks
-from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax import goodput
 from transformer_jax import model as model_lib
@@ -27,6 +26,7 @@ from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import train
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.evaluation import evaluate
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps

@@ -11,7 +11,6 @@ from absl import logging
 from etils import epath
 import jax
 
-from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import decoding
 from transformer_jax import errors
@@ -22,6 +21,7 @@ from transformer_jax import workdir as workdir_lib
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.evaluation import bleu
 
 
 def _require(ok: bool, key: str, value, allowed: str) -> None:

@@ -129,7 +129,7 @@ def main(argv):
     config = config_checks.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   experiment.log_backend(config)
-  from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top
+  from transformer_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
   from transformer_jax import train  # pylint: disable=g-import-not-at-top
   if not sys.stderr.isatty():  # TFDS's progress bars would fill a redirected log with carriage returns.
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
@@ -141,7 +141,7 @@ def main(argv):
   elif mode == 'translate':
     evaluate.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
   elif mode == 'tune_decoding':
-    from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
+    from transformer_jax.evaluation import tune_decoding  # pylint: disable=g-import-not-at-top
     tune_decoding.tune_decoding(config, workdir, *_decoding_grid())  # It checks the ranges first.
   elif mode == 'export':
     from transformer_jax.tools import export  # pylint: disable=g-import-not-at-top
@@ -154,7 +154,7 @@ def _decoding_grid() -> tuple[list[int], list[float], list]:
   Raises:
     app.UsageError: naming the flags, for a value that is not a number or not a window.
   """
-  from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
+  from transformer_jax.evaluation import tune_decoding  # pylint: disable=g-import-not-at-top
   try:
     beam_sizes = [int(b) for b in flags.FLAGS.beam_sizes]
     alphas = [float(a) for a in flags.FLAGS.alphas]

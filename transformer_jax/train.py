@@ -34,7 +34,6 @@ import tensorboardX
 
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
-from transformer_jax import evaluate as evaluate_lib
 from transformer_jax import experiment
 from transformer_jax import flops as flops_lib
 from transformer_jax import goodput
@@ -45,6 +44,7 @@ from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import workdir as workdir_lib
 from transformer_jax.data import input_pipeline
+from transformer_jax.evaluation import evaluate as evaluate_lib
 from transformer_jax.experiment import Setup
 from transformer_jax.experiment import TrainState
 

@@ -23,9 +23,9 @@ import jax
 
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
-from transformer_jax import evaluate
 from transformer_jax import experiment
 from transformer_jax.data import input_pipeline
+from transformer_jax.evaluation import evaluate
 
 SWEEP_FILE = 'decoding_sweep.json'
 

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import bleu
 from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
 from transformer_jax import experiment
@@ -31,6 +30,7 @@ from transformer_jax import workdir as workdir_lib
 from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
+from transformer_jax.evaluation import bleu
 from transformer_jax.experiment import Setup
 
 Array = jax.Array
