@@ -38,8 +38,8 @@ import numpy as np
 from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import benchmark
 from transformer_jax.tools import export
 

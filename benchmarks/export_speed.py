@@ -35,10 +35,10 @@ import sentencepiece
 from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import bleu
 from transformer_jax.evaluation import evaluate
+from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import export
 
 

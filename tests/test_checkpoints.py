@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.checkpoints: round trips, resharding, damage, averaging, fingerprints."""
+"""Tests for transformer_jax.storage.checkpoints: round trips, resharding, damage, averaging, fingerprints."""
 import logging
 import os
 import pathlib
@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import checkpoints
+from transformer_jax.storage import checkpoints
 
 DATA_STATE = {'epoch': 3, 'position': 120}
 
@@ -328,7 +328,7 @@ def test_checkpoints_of_older_code_still_open_with_todays_fingerprint(tmp_path):
   agree with today's for the same architecture: those fields change no parameter or are at their defaults."""
   from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
-  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'tiny.py')
   model_cfg = config_checks.validate_config(config)
   today = experiment._fingerprint(config, model_cfg)  # pylint: disable=protected-access

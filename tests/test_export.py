@@ -9,9 +9,9 @@ import pytest
 from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.evaluation import evaluate
+from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import export
 
 from tiny_runs import text_config  # pylint: disable=g-bad-import-order

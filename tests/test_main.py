@@ -10,7 +10,7 @@ import pytest
 
 from configs import multi30k
 from transformer_jax import logs
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 

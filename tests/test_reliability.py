@@ -22,8 +22,8 @@ import pytest
 from transformer_jax import config_checks
 from transformer_jax import experiment
 from transformer_jax import train
-from transformer_jax import workdir as workdir_lib
 from transformer_jax.evaluation import evaluate
+from transformer_jax.storage import workdir as workdir_lib
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps
@@ -568,7 +568,7 @@ def test_truncated_config_and_vocabulary_name_the_file(tmp_path, reference_run):
 
 def test_flipped_bytes_in_a_checkpoint_are_caught_by_its_checksums(tmp_path, corpus, reference_run, caplog):
   # Issue #32, 2: 16 flipped bytes in a data chunk restored without error, with corrupted values.
-  from transformer_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from transformer_jax.storage import checkpoints  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / 'run'
   shutil.copytree(reference_run.workdir, workdir)
   newest = workdir / 'checkpoints' / str(NUM_STEPS)

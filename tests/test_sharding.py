@@ -17,7 +17,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import checkpoints
 from transformer_jax import experiment
 from transformer_jax import memory
 from transformer_jax import model as model_lib
@@ -25,6 +24,7 @@ from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax import train
 from transformer_jax import translation
+from transformer_jax.storage import checkpoints
 from transformer_jax.tools import aot
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

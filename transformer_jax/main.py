@@ -123,7 +123,7 @@ def main(argv):
   from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
   if flags.FLAGS.compilation_cache_dir:
     use_compilation_cache(flags.FLAGS.compilation_cache_dir)
-  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.absolute_paths(config)  # config.json stores paths that work from any directory.
   if mode in ('evaluate', 'translate', 'tune_decoding', 'export'):
     config = config_checks.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
@@ -193,7 +193,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
   Raises:
     SystemExit: with a message, when --config is left out and the workdir holds no run.
   """
-  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   roots = [pathlib.Path(__file__).resolve().parents[1]]
   config = _flag_value(argv, 'config')
   if config:

@@ -21,11 +21,11 @@ from absl import logging
 from etils import epath
 import jax
 
-from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
 from transformer_jax import experiment
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import evaluate
+from transformer_jax.storage import checkpoints as checkpoints_lib
 
 SWEEP_FILE = 'decoding_sweep.json'
 

@@ -42,7 +42,7 @@ from transformer_jax import flops
 from transformer_jax import memory
 from transformer_jax import sharding
 from transformer_jax import train
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import tpu_slices
 
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')

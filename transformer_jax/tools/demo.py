@@ -13,7 +13,7 @@ from absl import app
 from absl import flags
 import ml_collections
 
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 # Multi30k needs at least 320 pieces beside the 256 byte pieces.
 VOCAB_SIZE = 512

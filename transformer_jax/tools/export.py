@@ -35,7 +35,7 @@ import numpy as np
 from transformer_jax import errors
 from transformer_jax import layers
 from transformer_jax import model as model_lib
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 QUANTIZATIONS = ('int8', 'int8_float32', 'float32', 'bfloat16')
 LAYER_NORM_EPSILON = 1e-6  # layers.make_norm's.

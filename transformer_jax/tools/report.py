@@ -39,7 +39,7 @@ from absl import flags
 import scipy.stats
 import tabulate
 
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import findings as findings_lib
 from transformer_jax.tools import significance
 

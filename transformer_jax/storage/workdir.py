@@ -206,7 +206,7 @@ def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> m
 
 
 def get_config(workdir: str) -> ml_collections.ConfigDict:
-  """A run's stored config as a config file: `--config=transformer_jax/workdir.py:<workdir>` loads
+  """A run's stored config as a config file: `--config=transformer_jax/storage/workdir.py:<workdir>` loads
   `<workdir>/config.json` (what `main` passes when --config is left out and the workdir has one).
 
   Raises:
@@ -218,7 +218,7 @@ def get_config(workdir: str) -> ml_collections.ConfigDict:
   return load_run_config(workdir)
 
 
-BASE_CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
+BASE_CONFIG = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'base.py'
 
 
 def with_defaults(stored: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -47,7 +47,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from transformer_jax import errors
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 PyTree = Any
 
