@@ -19,10 +19,10 @@ import optax
 import pytest
 
 from transformer_jax import attention
-from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
-from transformer_jax import train
+from transformer_jax.training import experiment
+from transformer_jax.training import train
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import experiment
-from transformer_jax import flops as flops_lib
-from transformer_jax import memory
 from transformer_jax import model as model_lib
-from transformer_jax import optim
-from transformer_jax import train
 from transformer_jax.tools import benchmark
+from transformer_jax.training import experiment
+from transformer_jax.training import flops as flops_lib
+from transformer_jax.training import memory
+from transformer_jax.training import optim
+from transformer_jax.training import train
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 SMALL = dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, d_k=64, d_v=64, vocab_size=8000)

@@ -13,11 +13,11 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax.data import batching
+from transformer_jax.training import experiment
+from transformer_jax.training import train
 
 VOCAB = 40
 MODEL = model_lib.Transformer(model_lib.ModelConfig(

@@ -12,11 +12,11 @@ import socket
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax import config_checks
 from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.training import config_checks
 
 tfds.disable_progress_bar()
 

@@ -21,16 +21,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer_jax import distributed
-from transformer_jax import experiment
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax import translation
 from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import evaluate
+from transformer_jax.training import distributed
+from transformer_jax.training import experiment
+from transformer_jax.training import optim
+from transformer_jax.training import train
 
 import processes  # pylint: disable=g-bad-import-order  (tests/processes.py)
 

@@ -19,11 +19,11 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import config_checks
-from transformer_jax import experiment
-from transformer_jax import train
 from transformer_jax.evaluation import evaluate
 from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import config_checks
+from transformer_jax.training import experiment
+from transformer_jax.training import train
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps
@@ -425,7 +425,7 @@ def test_empty_and_long_lines_through_main(monkeypatch, tmp_path, caplog, capsys
 
 
 def test_training_stops_before_the_first_step_when_the_step_cannot_fit(monkeypatch, tmp_path, corpus):
-  from transformer_jax import memory  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import memory  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(memory, 'available_bytes', lambda devices=None: (1024, 'test limit'))
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[\d+, \d+\] needs '
                                                    r'[\d.]+ GiB per device, 0\.00 GiB available \(test limit\).*'

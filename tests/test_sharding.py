@@ -17,15 +17,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import experiment
-from transformer_jax import memory
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax import translation
 from transformer_jax.storage import checkpoints
 from transformer_jax.tools import aot
+from transformer_jax.training import experiment
+from transformer_jax.training import memory
+from transformer_jax.training import optim
+from transformer_jax.training import train
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:

@@ -199,7 +199,7 @@ def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization
 ])
 def test_config_checks_the_tokenizer_fields_at_start_up(key, value, match):
   from configs import base  # pylint: disable=g-import-not-at-top
-  from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.data[key] = value
   with pytest.raises(ValueError, match=match):

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from transformer_jax import memory
 from transformer_jax.tools import aot
 from transformer_jax.tools import tpu_slices
+from transformer_jax.training import memory
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:

@@ -1,4 +1,5 @@
-"""Tests for transformer_jax.train: the steps learn and are deterministic, main runs end to end, resuming is exact.
+"""Tests for transformer_jax.training.train: the steps learn and are deterministic, main runs end to end, resuming
+is exact.
 
 End-to-end runs use configs/tiny.py on a synthetic word-for-word "translation" corpus written to a temporary
 folder (dataset='text'), so they need neither the network nor the real corpus; one test trains on the real
@@ -18,15 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import config_checks
-from transformer_jax import experiment
-from transformer_jax import goodput
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.evaluation import evaluate
+from transformer_jax.training import config_checks
+from transformer_jax.training import experiment
+from transformer_jax.training import goodput
+from transformer_jax.training import optim
+from transformer_jax.training import train
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from transformer_jax import attention
-from transformer_jax import experiment
 from transformer_jax import layers
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax import translation
 from transformer_jax.tools import summary
+from transformer_jax.training import experiment
+from transformer_jax.training import optim
+from transformer_jax.training import train
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 VOCAB = 64

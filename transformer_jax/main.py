@@ -104,7 +104,7 @@ def main(argv):
     print(config_doc.describe(config), end='')
     return
   if mode == 'summary':
-    from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
+    from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
     from transformer_jax.tools import summary  # pylint: disable=g-import-not-at-top
     print(summary.summarize(config_checks.model_config(config)))
     return
@@ -118,9 +118,9 @@ def main(argv):
     return
   if workdir is None:
     sys.exit(f'--workdir is required for --mode={mode} (the run\'s folder; --help for usage)')
-  from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
-  from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
-  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import distributed  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
   if flags.FLAGS.compilation_cache_dir:
     use_compilation_cache(flags.FLAGS.compilation_cache_dir)
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
@@ -130,7 +130,7 @@ def main(argv):
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   experiment.log_backend(config)
   from transformer_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
-  from transformer_jax import train  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import train  # pylint: disable=g-import-not-at-top
   if not sys.stderr.isatty():  # TFDS's progress bars would fill a redirected log with carriage returns.
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     tfds.disable_progress_bar()

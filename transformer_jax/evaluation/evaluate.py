@@ -19,9 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import errors
-from transformer_jax import experiment
-from transformer_jax import losses
-from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax import translation
@@ -29,9 +26,12 @@ from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
 from transformer_jax.evaluation import bleu
-from transformer_jax.experiment import Setup
 from transformer_jax.storage import checkpoints as checkpoints_lib
 from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import experiment
+from transformer_jax.training import losses
+from transformer_jax.training import metrics as metrics_lib
+from transformer_jax.training.experiment import Setup
 
 Array = jax.Array
 Batch = dict[str, Array]

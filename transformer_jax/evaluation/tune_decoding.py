@@ -22,10 +22,10 @@ from etils import epath
 import jax
 
 from transformer_jax import errors
-from transformer_jax import experiment
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import evaluate
 from transformer_jax.storage import checkpoints as checkpoints_lib
+from transformer_jax.training import experiment
 
 SWEEP_FILE = 'decoding_sweep.json'
 

@@ -22,14 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import experiment
-from transformer_jax import flops as flops_lib
-from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax import translation
 from transformer_jax.data import batching
+from transformer_jax.training import experiment
+from transformer_jax.training import flops as flops_lib
+from transformer_jax.training import memory
+from transformer_jax.training import train
 
 def _timed(fn, *args, num_steps: int):
   """Median seconds of fn(*args) over num_steps calls after one warm-up call; returns (median, last output)."""

@@ -33,12 +33,12 @@ from tensorboardX.proto import event_pb2
 from transformer_jax import errors
 from transformer_jax import layers
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import translation
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.storage import checkpoints
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import summary
+from transformer_jax.training import optim
 
 PyTree = Any
 KINDS = ('encoder_self', 'decoder_self', 'encoder_decoder')

@@ -22,17 +22,17 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
-from transformer_jax import config_checks
-from transformer_jax import distributed
 from transformer_jax import errors
 from transformer_jax import host_allocator
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.storage import checkpoints as checkpoints_lib
 from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import config_checks
+from transformer_jax.training import distributed
+from transformer_jax.training import optim
 
 Array = jax.Array
 Batch = dict[str, Array]

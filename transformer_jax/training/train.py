@@ -33,20 +33,20 @@ import optax
 import tensorboardX
 
 from transformer_jax import errors
-from transformer_jax import experiment
-from transformer_jax import flops as flops_lib
-from transformer_jax import goodput
-from transformer_jax import losses
-from transformer_jax import memory
-from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import evaluate as evaluate_lib
-from transformer_jax.experiment import Setup
-from transformer_jax.experiment import TrainState
 from transformer_jax.storage import checkpoints as checkpoints_lib
 from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import experiment
+from transformer_jax.training import flops as flops_lib
+from transformer_jax.training import goodput
+from transformer_jax.training import losses
+from transformer_jax.training import memory
+from transformer_jax.training import metrics as metrics_lib
+from transformer_jax.training.experiment import Setup
+from transformer_jax.training.experiment import TrainState
 
 Array = jax.Array
 Batch = dict[str, Array]

@@ -14,7 +14,6 @@ import jax
 from transformer_jax import decoding
 from transformer_jax import errors
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
@@ -22,6 +21,7 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.evaluation import bleu
 from transformer_jax.storage import checkpoints as checkpoints_lib
 from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import optim
 
 
 def _require(ok: bool, key: str, value, allowed: str) -> None:
