@@ -15,7 +15,7 @@ import pytest
 
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
-from transformer_jax.data import batching
+from transformer_jax.data import train_iterator
 from transformer_jax.training import experiment
 from transformer_jax.training import train
 
@@ -37,7 +37,7 @@ def corpus(num_pairs=120, seed=0):
 
 
 def iterator(pad_rows_to=1, process_index=0, process_count=1, tokens_per_batch=96):
-  return batching.TrainIterator(*corpus(), tokens_per_batch=tokens_per_batch, max_length=16,
+  return train_iterator.TrainIterator(*corpus(), tokens_per_batch=tokens_per_batch, max_length=16,
                                       bucket_lengths=BUCKETS, pad_rows_to=pad_rows_to, process_index=process_index,
                                       process_count=process_count)
 
@@ -213,7 +213,7 @@ def test_accumulation_with_packing_remat_bf16_on_a_mesh_matches_one_batch():
   losses as one batch on one device, within bf16 rounding (products of 8-bit mantissas, 2e-3 relative)."""
   from configs import base  # pylint: disable=g-import-not-at-top
   model = model_lib.Transformer(dataclasses.replace(MODEL.cfg, remat=True, dtype='bfloat16'))
-  packed = batching.TrainIterator(*corpus(), tokens_per_batch=96, max_length=16, bucket_lengths=BUCKETS,
+  packed = train_iterator.TrainIterator(*corpus(), tokens_per_batch=96, max_length=16, bucket_lengths=BUCKETS,
                                         packing=True, pad_rows_to=8)
   batches = [next(packed) for _ in range(2)]
   assert 'source_segment_ids' in batches[0]

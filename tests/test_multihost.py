@@ -3,7 +3,7 @@ compute what one process computes on the same global batch; and the rule that de
 
 The processes run this file as a script (`_worker_main`): each sees 2 fake CPU devices, so the pair forms a
 4-device mesh (data=2 across the processes, fsdp=2 within each), reads its half of every global batch from
-batching.TrainIterator and assembles global arrays with experiment.Build.device_batch. The reference is one
+train_iterator.TrainIterator and assembles global arrays with experiment.Build.device_batch. The reference is one
 process with 4 devices.
 """
 import argparse
@@ -26,6 +26,7 @@ from transformer_jax import sharding
 from transformer_jax import translation
 from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
+from transformer_jax.data import train_iterator
 from transformer_jax.evaluation import evaluate
 from transformer_jax.training import distributed
 from transformer_jax.training import experiment
@@ -95,7 +96,7 @@ def _worker_main() -> None:
   schedule = optim.rsqrt_schedule(config.model.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
   s = experiment.Build(mesh, rules, model, tx, schedule, config.train.grad_accum_steps)
-  iterator = batching.TrainIterator.from_config(
+  iterator = train_iterator.TrainIterator.from_config(
       config.data, *_corpus(), batch_size_multiple=s.data_shards, process_index=jax.process_index(),
       process_count=jax.process_count())
   batches = [next(iterator) for _ in range(max(args.steps, 1))]
