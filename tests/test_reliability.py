@@ -568,19 +568,20 @@ def test_truncated_config_and_vocabulary_name_the_file(tmp_path, reference_run):
 
 def test_flipped_bytes_in_a_checkpoint_are_caught_by_its_checksums(tmp_path, corpus, reference_run, caplog):
   # Issue #32, 2: 16 flipped bytes in a data chunk restored without error, with corrupted values.
-  from transformer_jax.storage import checkpoints  # pylint: disable=g-import-not-at-top
+  from transformer_jax.storage import checkpoint_checks  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / 'run'
   shutil.copytree(reference_run.workdir, workdir)
   newest = workdir / 'checkpoints' / str(NUM_STEPS)
-  assert json.loads((newest / checkpoints.CHECKSUMS).read_text())  # Written once the step committed.
+  assert json.loads((newest / checkpoint_checks.CHECKSUMS).read_text())  # Written once the step committed.
   chunk = max((p for p in (newest / 'state').rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
   data = bytearray(chunk.read_bytes())
   middle = len(data) // 2
   data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
   chunk.write_bytes(bytes(data))
-  with pytest.raises(checkpoints.ChecksumError, match=rf'{re.escape(str(chunk))} has SHA-256 [0-9a-f]{{64}}, not '
-                                                      r'the [0-9a-f]{64} recorded at save'):
-    checkpoints.verify_checksums(newest)
+  with pytest.raises(checkpoint_checks.ChecksumError,
+                     match=rf'{re.escape(str(chunk))} has SHA-256 [0-9a-f]{{64}}, not '
+                           r'the [0-9a-f]{64} recorded at save'):
+    checkpoint_checks.verify_checksums(newest)
   config = text_config(corpus)
   config.train.num_train_steps = NUM_STEPS + 2
   with caplog.at_level(logging.WARNING):

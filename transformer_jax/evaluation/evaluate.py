@@ -1,5 +1,5 @@
 """§6.1 evaluation: validation loss and BLEU, the test translation of the chosen checkpoints (`load_params`
-applies `checkpoints.select_params`), and the `--mode=evaluate` and `--mode=translate` entry points.
+applies `selection.select_params`), and the `--mode=evaluate` and `--mode=translate` entry points.
 
 BLEU is reported three ways (`bleu.all_bleu`): sacreBLEU on detokenised output (the headline), the tokenised
 BLEU with compound splitting that the paper's numbers use, and the lowercased, Moses-tokenised BLEU of the
@@ -26,7 +26,7 @@ from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
 from transformer_jax.evaluation import bleu
-from transformer_jax.storage import checkpoints as checkpoints_lib
+from transformer_jax.evaluation import selection
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.training import experiment
 from transformer_jax.training import losses
@@ -169,7 +169,7 @@ def validation_bleu(config, setup: Setup, params, eval_split, step: int) -> dict
 
 
 def load_params(eval_config, setup: Setup):
-  """The parameters the final evaluation uses (§6.1): `checkpoints.select_params` of the run's checkpoint
+  """The parameters the final evaluation uses (§6.1): `selection.select_params` of the run's checkpoint
   managers, as eval.checkpoint_selection chooses (`eval_config` is config.eval).
 
   Returns:
@@ -179,8 +179,8 @@ def load_params(eval_config, setup: Setup):
   Raises:
     FileNotFoundError: if the workdir holds no checkpoint to choose from.
   """
-  return checkpoints_lib.select_params(eval_config, setup.checkpoints, setup.best_checkpoints,
-                                       setup.abstract_state().params)
+  return selection.select_params(eval_config, setup.checkpoints, setup.best_checkpoints,
+                                 setup.abstract_state().params)
 
 
 def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, test_split=None,

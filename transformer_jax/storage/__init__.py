@@ -1,3 +1,3 @@
-"""What a run keeps on disk and reads back: the run folder's layout, config record and lock (`workdir`) and
-the orbax checkpoints of its state and data position (`checkpoints`). Data, training, evaluation and the tools
-all name files through here."""
+"""What a run keeps on disk and reads back: the run folder's layout, config record and lock (`workdir`), the
+orbax checkpoints of its state and data position (`checkpoints`) and the checks around them
+(`checkpoint_checks`). Data, training, evaluation and the tools all name files through here."""

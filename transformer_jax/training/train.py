@@ -37,7 +37,7 @@ from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import evaluate as evaluate_lib
-from transformer_jax.storage import checkpoints as checkpoints_lib
+from transformer_jax.evaluation import selection
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.training import experiment
 from transformer_jax.training import flops as flops_lib
@@ -326,7 +326,7 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
       if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
         scores = evaluate_lib.validation_bleu(config, setup, state.params, data.eval_split, step)
         metrics_lib.write_scalars(writer, step, scores, 'eval')
-        checkpoints_lib.save_best(setup.best_checkpoints, step, state.params, scores['bleu'])
+        selection.save_best(setup.best_checkpoints, step, state.params, scores['bleu'])
     with timeline.stage('checkpoint'):
       setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
