@@ -15,6 +15,7 @@ import pytest
 
 from transformer_jax.evaluation import selection
 from transformer_jax.storage import checkpoints
+from transformer_jax.storage import fingerprint
 
 DATA_STATE = {'epoch': 3, 'position': 120}
 
@@ -329,11 +330,10 @@ def test_checkpoints_of_older_code_still_open_with_todays_fingerprint(tmp_path):
   """A fingerprint written before ModelConfig gained attention_product_dtype (and the variant fields) must
   agree with today's for the same architecture: those fields change no parameter or are at their defaults."""
   from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
-  from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'tiny.py')
   model_cfg = config_checks.validate_config(config)
-  today = experiment._fingerprint(config, model_cfg)  # pylint: disable=protected-access
+  today = fingerprint._fingerprint(config, model_cfg)  # pylint: disable=protected-access
   old_fields = ('vocab_size', 'num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'dropout_rate',
                 'attention_dropout_rate', 'position_embedding', 'layer_norm_position', 'scale_embeddings',
                 'max_length', 'dtype', 'attention_impl', 'remat')  # ModelConfig's fields at 2026-11-30.

@@ -31,6 +31,7 @@ from transformer_jax.evaluation import evaluate
 from transformer_jax.training import distributed
 from transformer_jax.training import experiment
 from transformer_jax.training import optim
+from transformer_jax.training import state as state_lib
 from transformer_jax.training import train
 
 import processes  # pylint: disable=g-bad-import-order  (tests/processes.py)
@@ -59,14 +60,14 @@ def _corpus(num_pairs=96, seed=0) -> tuple[list[list[int]], list[list[int]]]:
 
 def _random_state(model, tx, mesh, rules, batch):
   """The same random TrainState on every process, placed in its sharded layout (no init compile)."""
-  init_fn = functools.partial(experiment.create_train_state, model=model, tx=tx, batch=batch)
+  init_fn = functools.partial(state_lib.create_train_state, model=model, tx=tx, batch=batch)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
     shardings = sharding.logical_to_sharding(abstract, mesh, rules)
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32), nn.unbox(abstract.params))
-  state = experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
-                           rng=np.array([0, 7], np.uint32))
+  state = state_lib.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
+                               rng=np.array([0, 7], np.uint32))
   return jax.device_put(state, shardings), shardings
 
 
@@ -101,7 +102,7 @@ def _worker_main() -> None:
       process_count=jax.process_count())
   batches = [next(iterator) for _ in range(max(args.steps, 1))]
   if args.steps:
-    state, state_sharding = experiment.sharded_train_state(
+    state, state_sharding = state_lib.sharded_train_state(
         jax.random.key(0), model, tx, s.device_batch(batches[0]), mesh, rules)
   else:
     state, state_sharding = _random_state(model, tx, mesh, rules, batches[0])

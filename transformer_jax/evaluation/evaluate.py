@@ -31,6 +31,7 @@ from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.training import experiment
 from transformer_jax.training import losses
 from transformer_jax.training import metrics as metrics_lib
+from transformer_jax.training import state as state_lib
 from transformer_jax.training.experiment import Setup
 
 Array = jax.Array
@@ -65,7 +66,7 @@ def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
               label_smoothing: float) -> dict[str, Array]:
   """Teacher-forced validation metrics for one batch, as sums (see `losses.smoothed_cross_entropy`)."""
   logits = model.apply({'params': params}, batch['source_tokens'], batch['decoder_input_tokens'],
-                       **experiment.model_inputs(batch), deterministic=True)
+                       **state_lib.model_inputs(batch), deterministic=True)
   return losses.smoothed_cross_entropy(logits, batch['target_tokens'], losses.target_weights(batch), label_smoothing)
 
 
