@@ -66,3 +66,5 @@ def test_readme_layout_lists_every_module():
   missing = [module_name(path) for path in MODULES
              if path.name != '__init__.py' and f'| `{module_name(path)}` |' not in layout]
   assert not missing, f"README's layout table lacks {missing}"
+  folders = sorted({path.parent.name for path in MODULES if path.parent != PACKAGE})
+  assert [f for f in folders if f'- `{f}/`:' not in layout] == [], "README's 'package in layers' lacks a folder"
