@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import benchmark
+from transformer_jax.tools import benchmark
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file.', lock_config=False)
 _VARIANTS = flags.DEFINE_multi_string('variant', None, 'NAME:KEY=VALUE[,KEY=VALUE...]; two or more.')

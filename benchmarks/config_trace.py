@@ -25,17 +25,25 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / 'transformer_jax'
 
 
+def _module(path: pathlib.Path) -> str:
+  """A package file's module below the package: 'training.train', 'errors'."""
+  return '.'.join(path.relative_to(PACKAGE).with_suffix('').parts)
+
+
 def _imports() -> dict[str, set[str]]:
   """{module: the package modules it imports, transitively}."""
   direct = {}
-  for path in PACKAGE.glob('*.py'):
+  modules = {_module(path) for path in PACKAGE.rglob('*.py')}
+  for path in PACKAGE.rglob('*.py'):
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.ImportFrom) and node.module == 'transformer_jax':
-        names.update(alias.name for alias in node.names)
-      elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('transformer_jax.'):
-        names.add(node.module.split('.')[1])
-    direct[path.stem] = names
+      if isinstance(node, ast.ImportFrom) and (node.module or '').split('.')[0] == 'transformer_jax':
+        below = node.module.removeprefix('transformer_jax').lstrip('.')
+        if below in modules:  # from transformer_jax.storage.checkpoints import CheckpointManager
+          names.add(below)
+        else:  # from transformer_jax import errors; from transformer_jax.training import train
+          names.update(f'{below}.{alias.name}'.lstrip('.') for alias in node.names)
+    direct[_module(path)] = names
   closure = {}
   for module in direct:
     seen, todo = set(), list(direct[module])
@@ -78,7 +86,7 @@ class _Tracer:
         self.skipping = None
       return
     filename = pathlib.Path(frame.f_code.co_filename)
-    if filename.parent != PACKAGE:
+    if PACKAGE not in filename.parents:
       return
     if event == 'call' and self._carries(frame):
       caller = self.stack[-1][0].f_code if self.stack else None
@@ -86,9 +94,9 @@ class _Tracer:
         self.skipping = frame
         return
       self.followed.add((caller, frame.f_code))
-      self.stack.append((frame, filename.stem))
-      self._enter(filename.stem)
-      self.steps.append('  ' * (len(self.stack) - 1) + f'{filename.stem}.{frame.f_code.co_qualname}')
+      self.stack.append((frame, _module(filename)))
+      self._enter(_module(filename))
+      self.steps.append('  ' * (len(self.stack) - 1) + f'{_module(filename)}.{frame.f_code.co_qualname}')
     elif event == 'return' and self.stack and self.stack[-1][0] is frame:
       self.stack.pop()
 
@@ -99,7 +107,7 @@ def main() -> None:
   args = parser.parse_args()
   sys.path[:0] = [str(REPO), str(REPO / 'tests')]
   import tiny_runs  # pylint: disable=import-outside-toplevel
-  from transformer_jax import train  # pylint: disable=import-outside-toplevel
+  from transformer_jax.training import train  # pylint: disable=import-outside-toplevel
   with tempfile.TemporaryDirectory() as folder:
     config = tiny_runs.text_config(tiny_runs.write_corpus(pathlib.Path(folder) / 'corpus'), translate_at_end=True)
     workdir = str(pathlib.Path(folder) / 'run')

@@ -35,13 +35,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import benchmark
-from transformer_jax import experiment
-from transformer_jax import export
 from transformer_jax import model as model_lib
-from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.tools import benchmark
+from transformer_jax.tools import export
+from transformer_jax.training import experiment
 
 
 def main() -> None:

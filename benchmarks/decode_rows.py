@@ -30,12 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import evaluate
-from transformer_jax import experiment
-from transformer_jax import input_pipeline
-from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.evaluation import evaluate
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import experiment
 
 
 def sentence_steps(config, setup, params, split, beam_size: int, alpha: float) -> dict:

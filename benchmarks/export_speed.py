@@ -32,14 +32,14 @@ import ctranslate2
 import jax
 import sentencepiece
 
-from transformer_jax import bleu
-from transformer_jax import evaluate
-from transformer_jax import experiment
-from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
-from transformer_jax import export
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import input_pipeline
+from transformer_jax.evaluation import bleu
+from transformer_jax.evaluation import evaluate
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.tools import export
+from transformer_jax.training import experiment
 
 
 def main() -> None:

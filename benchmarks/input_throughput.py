@@ -3,7 +3,7 @@
   python benchmarks/input_throughput.py --config=configs/base.py --workdir=DIR [--num_batches=500]
 
 Reads the config's train split, tokenises it with the vocabulary in DIR (trained there if absent, as a run
-would), and times `--num_batches` batches of `batching.TrainIterator` without and with data.packing
+would), and times `--num_batches` batches of `train_iterator.TrainIterator` without and with data.packing
 (`batching.measure_throughput`).
 """
 from collections.abc import Sequence
@@ -16,8 +16,9 @@ from absl import flags
 from ml_collections import config_flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # Configs import `configs.base`.
-from transformer_jax import batching  # pylint: disable=wrong-import-position
-from transformer_jax import input_pipeline  # pylint: disable=wrong-import-position
+from transformer_jax.data import batching  # pylint: disable=wrong-import-position
+from transformer_jax.data import input_pipeline  # pylint: disable=wrong-import-position
+from transformer_jax.data import train_iterator  # pylint: disable=wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/base.py', 'Config file (its data fields are used).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for the vocabulary.', required=True)
@@ -35,7 +36,7 @@ def main(argv: Sequence[str]) -> None:
   for packing in (False, True):
     with data.unlocked():
       data.packing = packing
-    batches = batching.TrainIterator.from_config(data, source, target)
+    batches = train_iterator.TrainIterator.from_config(data, source, target)
     stats = batching.measure_throughput(batches, _NUM_BATCHES.value)
     print(f"{'packed' if packing else 'bucketed'}: {stats['batches_per_sec']:.1f} batches/s, "
           f"{stats['tokens_per_sec']:,.0f} tokens/s, padding {stats['padding_fraction']:.1%}, "

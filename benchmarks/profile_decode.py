@@ -32,12 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import profile_step  # pylint: disable=g-bad-import-order  (beside this script)
-from transformer_jax import evaluate
-from transformer_jax import experiment
 from transformer_jax import model as model_lib
-from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.evaluation import evaluate
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import experiment
 
 PARTS = (('self-attention', r'/self_attention'), ('encoder-decoder attention', r'encoder_decoder_attention'),
          ('feed-forward', r'feed_forward'), ('layer norm', r'[Nn]orm'), ('logits and embedding', r'embed|logits'))

@@ -33,7 +33,7 @@ import flax.linen as nn
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import benchmark
+from transformer_jax.tools import benchmark
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file.', lock_config=False)
 _STEPS = flags.DEFINE_integer('steps', 3, 'Steps traced.')

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import big  # pylint: disable=g-import-not-at-top,wrong-import-position
-from transformer_jax import aot  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer_jax.tools import aot  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 CONFIGS = {'base': base.get_config, 'big': big.get_config}
 

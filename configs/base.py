@@ -160,7 +160,7 @@ def get_config() -> ml_collections.ConfigDict:
       ),
   ))
 
-  # --mode=compile (transformer_jax/aot.py): what the train step needs per device, compiled without running it.
+  # --mode=compile (transformer_jax/tools/aot.py): what the train step needs per device, compiled without running it.
   config.compile = ml_collections.ConfigDict(dict(
       # A Cloud TPU slice to compile for with the TPU compiler, on any machine with the `tpu` extra (v4-8,
       # v5e-8 or v5litepod-8, v5p-8, v6e-8, v5e-64, ...); empty: the devices this process sees.
@@ -170,7 +170,7 @@ def get_config() -> ml_collections.ConfigDict:
       find_fit=True,
   ))
 
-  # --mode=export (transformer_jax/export.py): a CTranslate2 model directory for serving.
+  # --mode=export (transformer_jax/tools/export.py): a CTranslate2 model directory for serving.
   config.export = ml_collections.ConfigDict(dict(
       format='ctranslate2',
       quantization='int8',            # CTranslate2's weight type: int8, int8_float32, float32 or bfloat16.

@@ -92,7 +92,7 @@ VARIANT_ROWS = {
 }
 ROWS = PAPER_ROWS | VARIANT_ROWS
 
-# What each row changes, for reports (transformer_jax.report) and --mode=summary readers.
+# What each row changes, for reports (transformer_jax.tools.report) and --mode=summary readers.
 NOTES = {
     'base': 'the base model', 'A1': 'h=1, d_k=d_v=512', 'A2': 'h=4, d_k=d_v=128', 'A3': 'h=16, d_k=d_v=32',
     'A4': 'h=32, d_k=d_v=16', 'B1': 'd_k=16', 'B2': 'd_k=32', 'C1': 'N=2', 'C2': 'N=4', 'C3': 'N=8',

@@ -80,7 +80,7 @@ PAPER = table3.PAPER
 # perplexity 5.01 against 4.92 (+1.8%). A difference inside them is one the paper would not have read as a change.
 EQUIVALENCE_MARGINS = {'dev_bleu': 0.4, 'dev_perplexity': 0.018}
 
-# The paper's findings about these rows, each with the comparisons that test it here (transformer_jax.findings):
+# The paper's findings about these rows, each with the comparisons that test it here (transformer_jax.tools.findings):
 # (claim, row, reference rows (the best of them), metric, expected: 'worse', 'better', 'same' or 'not worse').
 # Holm's procedure runs over each family: the paper's checks, and separately the variants' (rows F).
 _BIGGER = (('N=1 is worse', 'C1', ('base',)), ('N=2 is worse', 'C2', ('base',)), ('N=4 is better', 'C3', ('base',)),

@@ -19,10 +19,10 @@ import optax
 import pytest
 
 from transformer_jax import attention
-from transformer_jax import experiment
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
-from transformer_jax import train
+from transformer_jax.training import state as state_lib
+from transformer_jax.training import train
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -65,12 +65,12 @@ def test_fused_attention_equals_einsum_path():
 
 def _two_steps(model, batch, mesh=None):
   tx = optax.adam(1e-3)
-  init = functools.partial(experiment.create_train_state, model=model, tx=tx, batch=batch)
+  init = functools.partial(state_lib.create_train_state, model=model, tx=tx, batch=batch)
   abstract = jax.eval_shape(init, jax.random.key(0))
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.1, x.shape).astype(np.float32), nn.unbox(abstract.params))
-  state = experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
-                           rng=np.array([0, 1], np.uint32))
+  state = state_lib.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
+                               rng=np.array([0, 1], np.uint32))
   step = functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1)
   if mesh is None:
     fn = jax.jit(step)

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.batching: token-budget buckets, packing, the resumable training iterator, BPE-dropout
+"""Tests for transformer_jax.data.batching: token-budget buckets, packing, the resumable training iterator, BPE-dropout
 resampling slots, host slices and evaluation batches, on synthetic token ids (no corpus needed)."""
 import collections
 import json
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from configs import base
-from transformer_jax import batching
-from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax.data import batching
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data import train_iterator
 
 EOS, BOS = tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID
 BUCKETS = base.get_config().data.bucket_lengths
@@ -61,7 +62,7 @@ def train_ids():
 
 def make_iterator(train_ids, **kwargs):
   kwargs = {'tokens_per_batch': 25_000, 'max_length': 256, 'bucket_lengths': BUCKETS, **kwargs}
-  return batching.TrainIterator(*train_ids, **kwargs)
+  return train_iterator.TrainIterator(*train_ids, **kwargs)
 
 
 def one_epoch(iterator):
@@ -176,7 +177,7 @@ def test_bpe_dropout_sample_is_used_where_it_fits_the_planned_slot():
   target, sampled_target = [[9]] * 3, [[9, 9]] * 3
   sample_of_third = ((5, 5, 6, 7, 8, 9, EOS), (9, 9, EOS))
   for packing, second in ((False, (5, 6, 7, EOS)), (True, (5, 5, 6, 7, EOS))):
-    iterator = batching.TrainIterator(
+    iterator = train_iterator.TrainIterator(
         source, target, tokens_per_batch=16, max_length=8, bucket_lengths=(4, 8), packing=packing,
         resegment=lambda epoch: (sampled, sampled_target))
     batches, _, _ = one_epoch(iterator)
@@ -235,7 +236,7 @@ def test_skips_empty_and_overlong_pairs(caplog):
   source = [[5, 6], [], [5], [7] * 20, [8] * 15, [9]]
   target = [[7], [5], [], [6], [6], [9] * 16]
   with caplog.at_level(logging.INFO):
-    iterator = batching.TrainIterator(source, target, tokens_per_batch=64, max_length=16,
+    iterator = train_iterator.TrainIterator(source, target, tokens_per_batch=64, max_length=16,
                                             bucket_lengths=(4, 8))
   assert 'skipped 2 with an empty side and 2 longer than max_length=16' in caplog.text
   assert iterator.shapes == [(4, 16)]  # The lone pair of bucket 4 moves up to bucket 16 (max_length).

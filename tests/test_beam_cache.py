@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from transformer_jax import model as model_lib
-from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
+from transformer_jax.data import tokenizer as tokenizer_lib
 
 PAD, EOS, BOS = tokenizer_lib.PAD_ID, tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID
 VOCAB = 24

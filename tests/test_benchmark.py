@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import benchmark
-from transformer_jax import experiment
-from transformer_jax import flops as flops_lib
-from transformer_jax import memory
 from transformer_jax import model as model_lib
-from transformer_jax import optim
-from transformer_jax import train
+from transformer_jax.tools import benchmark
+from transformer_jax.training import flops as flops_lib
+from transformer_jax.training import memory
+from transformer_jax.training import optim
+from transformer_jax.training import state as state_lib
+from transformer_jax.training import train
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 SMALL = dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, d_k=64, d_v=64, vocab_size=8000)
@@ -64,7 +64,7 @@ def test_analytic_flops_agree_with_xla_cost_analysis_on_base():
   model = model_lib.Transformer(cfg)
   tx = optim.make_optimizer(optim.rsqrt_schedule(cfg.d_model, 4000))
   batch = benchmark.synthetic_batch(cfg, 4, 32, 32)
-  state = jax.eval_shape(lambda: nn.unbox(experiment.create_train_state(jax.random.key(0), model, tx, batch)))
+  state = jax.eval_shape(lambda: nn.unbox(state_lib.create_train_state(jax.random.key(0), model, tx, batch)))
   step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1))
   xla_flops = step.lower(state, batch).cost_analysis()['flops']
   analytic = 3 * flops_lib.forward_flops(cfg, 4, 32, 32)
@@ -80,7 +80,7 @@ def test_bfloat16_step_loss_is_within_tolerance_of_float32():
     model = model_lib.Transformer(cfg)
     tx = optim.make_optimizer(optim.rsqrt_schedule(cfg.d_model, 10))
     batch = {k: jnp.asarray(v) for k, v in benchmark.synthetic_batch(cfg, 8, 16, 16).items()}
-    state = nn.unbox(experiment.create_train_state(jax.random.key(0), model, tx, batch))
+    state = nn.unbox(state_lib.create_train_state(jax.random.key(0), model, tx, batch))
     step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1))
     values = []
     for _ in range(3):

@@ -1,8 +1,8 @@
-"""Tests for transformer_jax.bleu."""
+"""Tests for transformer_jax.evaluation.bleu."""
 import pytest
 import sacrebleu
 
-from transformer_jax import bleu
+from transformer_jax.evaluation import bleu
 
 REFERENCES = ['Ein Mann fährt mit seinem Haus-Boot über den See.',
               'Zwei Kinder spielen im Garten, während die Sonne scheint.']
@@ -88,7 +88,7 @@ CHINESE = ['一个男人在湖上骑自行车。', '两个孩子在花园里玩�
 
 def test_chinese_target_from_text_files(tmp_path):
   """dataset='text' with a Chinese target: BLEU uses sacreBLEU's 'zh' tokenizer, as its signature says."""
-  from transformer_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
   (tmp_path / 'test.en').write_text('A man rides a bike on the lake.\nTwo children play.\nA dog runs.\n')
   (tmp_path / 'test.zh').write_text(''.join(f'{line}\n' for line in CHINESE), encoding='utf-8')

@@ -1,4 +1,5 @@
-"""Tests for transformer_jax.checkpoints: round trips, resharding, damage, averaging, fingerprints."""
+"""Tests for transformer_jax.storage.checkpoints and evaluation.selection: round trips, resharding, damage, averaging,
+fingerprints."""
 import logging
 import os
 import pathlib
@@ -12,7 +13,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import checkpoints
+from transformer_jax.evaluation import selection
+from transformer_jax.storage import checkpoints
+from transformer_jax.storage import fingerprint
 
 DATA_STATE = {'epoch': 3, 'position': 120}
 
@@ -193,7 +196,7 @@ def test_average_of_identical_checkpoints_is_bitwise_identity(tmp_path):
   save_steps(tmp_path, {1: state, 2: state, 3: state, 4: state, 5: state})
   target = abstract(state['params'], make_mesh(4))
   with checkpoints.CheckpointManager(tmp_path) as manager:
-    averaged = checkpoints.average_checkpoints(manager, manager.all_steps(), target)
+    averaged = selection.average_checkpoints(manager, manager.all_steps(), target)
   assert_trees_equal(averaged, state['params'])
   assert_shardings(averaged, target)
 
@@ -204,8 +207,8 @@ def test_average_of_two_checkpoints_is_their_mean(tmp_path):
   save_steps(tmp_path, {1: old, 2: new})
   target = abstract(new['params'], mesh)
   with checkpoints.CheckpointManager(tmp_path) as manager:
-    averaged = checkpoints.average_checkpoints(manager, [2, 1], target)
-    whole = checkpoints.average_checkpoints(manager, [1, 2], abstract(new, mesh), subtree=None)
+    averaged = selection.average_checkpoints(manager, [2, 1], target)
+    whole = selection.average_checkpoints(manager, [1, 2], abstract(new, mesh), subtree=None)
 
   def mean(a, b):
     return (np.asarray(a, np.float32) + np.asarray(b, np.float32)) / 2
@@ -235,9 +238,9 @@ def test_average_rejects_bad_steps(tmp_path):
   with checkpoints.CheckpointManager(tmp_path) as manager:
     for steps, message in [([], 'at least one'), ([1, 1], 'repeated'), ([1, 9], r'\[9\]')]:
       with pytest.raises(ValueError, match=message):
-        checkpoints.average_checkpoints(manager, steps, target)
+        selection.average_checkpoints(manager, steps, target)
     with pytest.raises(ValueError, match=r"no leaves \[\"\['paramz'\]\['b'\]"):
-      checkpoints.average_checkpoints(manager, [1], target, subtree='paramz')
+      selection.average_checkpoints(manager, [1], target, subtree='paramz')
 
 
 def _snapshot(directory: pathlib.Path):
@@ -326,12 +329,11 @@ def test_background_save_failure_stops_naming_the_step_and_keeps_good_checkpoint
 def test_checkpoints_of_older_code_still_open_with_todays_fingerprint(tmp_path):
   """A fingerprint written before ModelConfig gained attention_product_dtype (and the variant fields) must
   agree with today's for the same architecture: those fields change no parameter or are at their defaults."""
-  from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
-  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
-  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+  from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'tiny.py')
   model_cfg = config_checks.validate_config(config)
-  today = experiment._fingerprint(config, model_cfg)  # pylint: disable=protected-access
+  today = fingerprint._fingerprint(config, model_cfg)  # pylint: disable=protected-access
   old_fields = ('vocab_size', 'num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'dropout_rate',
                 'attention_dropout_rate', 'position_embedding', 'layer_norm_position', 'scale_embeddings',
                 'max_length', 'dtype', 'attention_impl', 'remat')  # ModelConfig's fields at 2026-11-30.
@@ -343,4 +345,4 @@ def test_checkpoints_of_older_code_still_open_with_todays_fingerprint(tmp_path):
 def test_selecting_the_best_checkpoints_of_a_run_without_them_names_the_setting():
   eval_config = ml_collections.ConfigDict({'checkpoint_selection': 'best', 'average_last_n': 5, 'average_best_n': 5})
   with pytest.raises(ValueError, match=r"eval.checkpoint_selection='best' .*train.eval_bleu_every_steps > 0"):
-    checkpoints.select_params(eval_config, last=None, best=None, abstract_params={})
+    selection.select_params(eval_config, last=None, best=None, abstract_params={})

@@ -13,10 +13,10 @@ import jax
 from ml_collections import config_flags
 import pytest
 
-from transformer_jax import config_checks
-from transformer_jax import flops
 from transformer_jax import model as model_lib
-from transformer_jax import summary
+from transformer_jax.tools import summary
+from transformer_jax.training import config_checks
+from transformer_jax.training import flops
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / 'configs'

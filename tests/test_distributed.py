@@ -10,7 +10,7 @@ import time
 import jax
 import pytest
 
-from transformer_jax import distributed
+from transformer_jax.training import distributed
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLURM_STEP = {'SLURM_JOB_ID': '7', 'SLURM_STEP_NODELIST': 'n[1-2]', 'SLURM_PROCID': '0', 'SLURM_LOCALID': '0'}

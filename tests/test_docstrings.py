@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'transformer_jax'
-MODULES = sorted(PACKAGE.glob('*.py'))
+MODULES = sorted(PACKAGE.rglob('*.py'))  # Sub-packages included (data/, training/, ...).
 # Methods whose contract is the framework's (flax calls them), documented by their class.
 FRAMEWORK_METHODS = {'setup', '__call__', '__init__', '__enter__', '__exit__', 'filter'}
 
@@ -35,9 +35,14 @@ def raises_directly(function: ast.FunctionDef) -> bool:
   return found
 
 
-@pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
+def module_name(path: pathlib.Path) -> str:
+  """The path below the package, e.g. 'training/train.py'."""
+  return path.relative_to(PACKAGE).as_posix()
+
+
+@pytest.mark.parametrize('path', MODULES, ids=module_name)
 def test_public_definitions_have_docstrings_that_name_what_they_raise(path):
-  assert ast.get_docstring(ast.parse(path.read_text())), f'{path.name} has no module docstring'
+  assert ast.get_docstring(ast.parse(path.read_text())), f'{module_name(path)} has no module docstring'
   undocumented, no_raises = [], []
   for name, node in public_definitions(path):
     doc = ast.get_docstring(node)
@@ -45,18 +50,21 @@ def test_public_definitions_have_docstrings_that_name_what_they_raise(path):
       undocumented.append(name)
     elif isinstance(node, ast.FunctionDef) and raises_directly(node) and 'Raises' not in doc:
       no_raises.append(name)
-  assert not undocumented, f'{path.name}: no docstring: {undocumented}'
-  assert not no_raises, f'{path.name}: raises without a Raises: section: {no_raises}'
+  assert not undocumented, f'{module_name(path)}: no docstring: {undocumented}'
+  assert not no_raises, f'{module_name(path)}: raises without a Raises: section: {no_raises}'
 
 
-@pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize('path', MODULES, ids=module_name)
 def test_docstrings_do_not_point_outside_the_repository(path):
   for name, node in [('module', ast.parse(path.read_text()))] + list(public_definitions(path)):
-    assert '../shared/' not in (ast.get_docstring(node) or '').replace('../shared/data/', ''), (path.name, name)
+    assert '../shared/' not in (ast.get_docstring(node) or '').replace('../shared/data/', ''), (module_name(path), name)
 
 
 def test_readme_layout_lists_every_module():
   readme = (PACKAGE.parent / 'README.md').read_text()
   layout = readme[readme.index('## Layout'):]
-  missing = [path.name for path in MODULES if path.name != '__init__.py' and f'| `{path.name}` |' not in layout]
+  missing = [module_name(path) for path in MODULES
+             if path.name != '__init__.py' and f'| `{module_name(path)}` |' not in layout]
   assert not missing, f"README's layout table lacks {missing}"
+  folders = sorted({path.parent.name for path in MODULES if path.parent != PACKAGE})
+  assert [f for f in folders if f'- `{f}/`:' not in layout] == [], "README's 'package in layers' lacks a folder"

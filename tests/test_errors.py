@@ -2,7 +2,7 @@
 import pytest
 
 from transformer_jax import errors
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 
 @pytest.mark.parametrize('error_type, builtin', [

@@ -11,11 +11,11 @@ import pytest
 
 from tests import tiny_runs
 from transformer_jax import decoding
-from transformer_jax import batching
-from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
-from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
+from transformer_jax.data import batching
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import tokenizer as tokenizer_lib
 
 EOS, BOS = tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID
 VOCAB = 24

@@ -1,14 +1,14 @@
-"""Tests for transformer_jax.significance and transformer_jax.findings: intervals equal to the textbook's, Holm's
-step-down order, and verdicts on synthetic tables whose answer is known (a true effect found, null effects not
-flagged beyond the family-wise rate, too few seeds never conclusive)."""
+"""Tests for transformer_jax.tools.significance and transformer_jax.tools.findings: intervals equal to the
+textbook's, Holm's step-down order, and verdicts on synthetic tables whose answer is known (a true effect found,
+null effects not flagged beyond the family-wise rate, too few seeds never conclusive)."""
 import math
 
 import numpy as np
 import pytest
 import scipy.stats
 
-from transformer_jax import findings
-from transformer_jax import significance
+from transformer_jax.tools import findings
+from transformer_jax.tools import significance
 
 
 def test_welch_matches_scipy_and_the_textbook_interval():

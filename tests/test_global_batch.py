@@ -13,11 +13,11 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_jax import experiment
-from transformer_jax import batching
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
-from transformer_jax import train
+from transformer_jax.data import train_iterator
+from transformer_jax.training import state as state_lib
+from transformer_jax.training import train
 
 VOCAB = 40
 MODEL = model_lib.Transformer(model_lib.ModelConfig(
@@ -37,7 +37,7 @@ def corpus(num_pairs=120, seed=0):
 
 
 def iterator(pad_rows_to=1, process_index=0, process_count=1, tokens_per_batch=96):
-  return batching.TrainIterator(*corpus(), tokens_per_batch=tokens_per_batch, max_length=16,
+  return train_iterator.TrainIterator(*corpus(), tokens_per_batch=tokens_per_batch, max_length=16,
                                       bucket_lengths=BUCKETS, pad_rows_to=pad_rows_to, process_index=process_index,
                                       process_count=process_count)
 
@@ -48,12 +48,12 @@ def sentences(batch) -> list[tuple[int, ...]]:
 
 
 def init_state(tx, batch):
-  abstract = jax.eval_shape(functools.partial(experiment.create_train_state, model=MODEL, tx=tx, batch=batch),
+  abstract = jax.eval_shape(functools.partial(state_lib.create_train_state, model=MODEL, tx=tx, batch=batch),
                             jax.random.key(0))
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, x.shape).astype(np.float32), nn.unbox(abstract.params))
-  return experiment.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=jnp.array([0, 1],
-                                                                                                    jnp.uint32))
+  return state_lib.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=jnp.array([0, 1],
+                                                                                                         jnp.uint32))
 
 
 def step_fn(tx, grad_accum_steps):
@@ -143,7 +143,7 @@ def test_losses_through_the_pipeline_agree_on_one_and_eight_devices():
     state = jax.device_get(init_state(tx, first))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       state_sharding = sharding.logical_to_sharding(jax.eval_shape(
-          functools.partial(experiment.create_train_state, model=MODEL, tx=tx, batch=first), jax.random.key(0)), mesh,
+          functools.partial(state_lib.create_train_state, model=MODEL, tx=tx, batch=first), jax.random.key(0)), mesh,
           rules)
       batch_sharding = sharding.batch_sharding(mesh)
       fn = jax.jit(functools.partial(train.train_step, model=MODEL, tx=tx, label_smoothing=0.1),
@@ -213,7 +213,7 @@ def test_accumulation_with_packing_remat_bf16_on_a_mesh_matches_one_batch():
   losses as one batch on one device, within bf16 rounding (products of 8-bit mantissas, 2e-3 relative)."""
   from configs import base  # pylint: disable=g-import-not-at-top
   model = model_lib.Transformer(dataclasses.replace(MODEL.cfg, remat=True, dtype='bfloat16'))
-  packed = batching.TrainIterator(*corpus(), tokens_per_batch=96, max_length=16, bucket_lengths=BUCKETS,
+  packed = train_iterator.TrainIterator(*corpus(), tokens_per_batch=96, max_length=16, bucket_lengths=BUCKETS,
                                         packing=True, pad_rows_to=8)
   batches = [next(packed) for _ in range(2)]
   assert 'source_segment_ids' in batches[0]
@@ -223,12 +223,12 @@ def test_accumulation_with_packing_remat_bf16_on_a_mesh_matches_one_batch():
     mesh_cfg = base.get_config().mesh
     mesh_cfg.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
     mesh, rules = sharding.make_mesh(mesh_cfg, jax.devices()[:devices]), sharding.logical_axis_rules(mesh_cfg)
-    init = functools.partial(experiment.create_train_state, model=model, tx=tx, batch=batches[0])
+    init = functools.partial(state_lib.create_train_state, model=model, tx=tx, batch=batches[0])
     abstract = jax.eval_shape(init, jax.random.key(0))
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, x.shape).astype(np.float32), nn.unbox(abstract.params))
-    state = experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
-                             rng=np.array([0, 1], np.uint32))
+    state = state_lib.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
+                                 rng=np.array([0, 1], np.uint32))
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       state_sharding = sharding.logical_to_sharding(abstract, mesh, rules)
       batch_sharding = sharding.batch_sharding(mesh)

@@ -1,7 +1,7 @@
 """goodput.Timeline: a run's wall time split into training steps and the stages around them (fake clock)."""
 import pytest
 
-from transformer_jax import goodput
+from transformer_jax.training import goodput
 
 
 class FakeClock:

@@ -1,5 +1,6 @@
-"""Tests for transformer_jax.input_pipeline: reading splits (text files, Multi30k, TFDS mock data), the vocabulary, and
-the evaluation batches of a real split (Multi30k en -> de, vocabulary 8000, where the corpus is the point)."""
+"""Tests for transformer_jax.data.input_pipeline: reading splits (text files, Multi30k, TFDS mock data), the
+vocabulary, and the evaluation batches of a real split (Multi30k en -> de, vocabulary 8000, where the corpus is the
+point)."""
 import gzip
 import importlib.util
 import logging
@@ -11,11 +12,11 @@ import socket
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax import batching
-from transformer_jax import config_checks
-from transformer_jax import input_pipeline
-from transformer_jax import multi30k
-from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax.data import batching
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import multi30k
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.training import config_checks
 
 tfds.disable_progress_bar()
 

@@ -1,9 +1,8 @@
-"""Tests for transformer_jax.inspection and transformer_jax.plots on tiny models and synthetic runs."""
+"""Tests for transformer_jax.tools.inspection and transformer_jax.tools.plots on tiny models and synthetic runs."""
 import json
 import os
 import pathlib
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -12,27 +11,19 @@ import numpy as np
 import pytest
 import tensorboardX
 
-from transformer_jax import checkpoints
-from transformer_jax import inspection
 from transformer_jax import model as model_lib
-from transformer_jax import plots
-from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.storage import checkpoints
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.tools import inspection
+from transformer_jax.tools import plots
+from transformer_jax.training.state import TrainState
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = tiny_runs.tiny_model_fields()  # configs/tiny.py's model.
 SOURCE = [5, 6, 7, 8, tokenizer_lib.EOS_ID, 0, 0]       # Two padding positions.
 DECODER_INPUT = [tokenizer_lib.BOS_ID, 9, 10, 11, 0]    # One padding position.
-
-
-@flax.struct.dataclass
-class TrainState:
-  """The fields of experiment.TrainState (experiment.py imports TensorFlow, which costs seconds)."""
-  step: jax.Array
-  params: dict
-  opt_state: dict
-  rng: jax.Array
 
 
 def init_params(cfg, seed=0):

@@ -1,11 +1,12 @@
-"""Tests for transformer_jax.losses: label-smoothed cross-entropy (§5.4) against hand and NumPy computations."""
+"""Tests for transformer_jax.training.losses: label-smoothed cross-entropy (§5.4) against hand and NumPy
+computations."""
 import math
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import losses
+from transformer_jax.training import losses
 
 
 def numpy_smoothed_loss(logits, targets, weights, label_smoothing):

@@ -10,7 +10,7 @@ import pytest
 
 from configs import multi30k
 from transformer_jax import logs
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,8 +37,8 @@ def main_raising(error: str, *flags, cwd: pathlib.Path) -> subprocess.CompletedP
   driver = cwd / 'raising_main.py'
   driver.write_text(textwrap.dedent(f"""\
       import runpy
-      from transformer_jax import config_doc
       from transformer_jax import errors
+      from transformer_jax.tools import config_doc
 
       def describe(config):
         raise {error}

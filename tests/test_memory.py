@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from transformer_jax import benchmark
-from transformer_jax import experiment
-from transformer_jax import memory
 from transformer_jax import sharding
-from transformer_jax import train
+from transformer_jax.tools import benchmark
+from transformer_jax.training import experiment
+from transformer_jax.training import memory
+from transformer_jax.training import train
 
 from configs import tiny  # pylint: disable=g-bad-import-order
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from transformer_jax import metrics
+from transformer_jax.training import metrics
 
 
 def test_summarize_divides_sums_once():

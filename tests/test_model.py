@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import losses
 from transformer_jax import model as model_lib
+from transformer_jax.training import losses
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 VOCAB = 64

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.multi30k: the strict text readers and the TFDS builder on the real corpus."""
+"""Tests for transformer_jax.data.multi30k: the strict text readers and the TFDS builder on the real corpus."""
 import gzip
 import pathlib
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax import multi30k
+from transformer_jax.data import multi30k
 
 tfds.disable_progress_bar()
 

@@ -3,7 +3,7 @@ compute what one process computes on the same global batch; and the rule that de
 
 The processes run this file as a script (`_worker_main`): each sees 2 fake CPU devices, so the pair forms a
 4-device mesh (data=2 across the processes, fsdp=2 within each), reads its half of every global batch from
-batching.TrainIterator and assembles global arrays with experiment.Build.device_batch. The reference is one
+train_iterator.TrainIterator and assembles global arrays with experiment.Build.device_batch. The reference is one
 process with 4 devices.
 """
 import argparse
@@ -21,16 +21,18 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer_jax import distributed
-from transformer_jax import evaluate
-from transformer_jax import experiment
-from transformer_jax import batching
-from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax import translation
+from transformer_jax.data import batching
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import train_iterator
+from transformer_jax.evaluation import evaluate
+from transformer_jax.training import distributed
+from transformer_jax.training import experiment
+from transformer_jax.training import optim
+from transformer_jax.training import state as state_lib
+from transformer_jax.training import train
 
 import processes  # pylint: disable=g-bad-import-order  (tests/processes.py)
 
@@ -58,14 +60,14 @@ def _corpus(num_pairs=96, seed=0) -> tuple[list[list[int]], list[list[int]]]:
 
 def _random_state(model, tx, mesh, rules, batch):
   """The same random TrainState on every process, placed in its sharded layout (no init compile)."""
-  init_fn = functools.partial(experiment.create_train_state, model=model, tx=tx, batch=batch)
+  init_fn = functools.partial(state_lib.create_train_state, model=model, tx=tx, batch=batch)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
     shardings = sharding.logical_to_sharding(abstract, mesh, rules)
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32), nn.unbox(abstract.params))
-  state = experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
-                           rng=np.array([0, 7], np.uint32))
+  state = state_lib.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
+                               rng=np.array([0, 7], np.uint32))
   return jax.device_put(state, shardings), shardings
 
 
@@ -95,12 +97,12 @@ def _worker_main() -> None:
   schedule = optim.rsqrt_schedule(config.model.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
   s = experiment.Build(mesh, rules, model, tx, schedule, config.train.grad_accum_steps)
-  iterator = batching.TrainIterator.from_config(
+  iterator = train_iterator.TrainIterator.from_config(
       config.data, *_corpus(), batch_size_multiple=s.data_shards, process_index=jax.process_index(),
       process_count=jax.process_count())
   batches = [next(iterator) for _ in range(max(args.steps, 1))]
   if args.steps:
-    state, state_sharding = experiment.sharded_train_state(
+    state, state_sharding = state_lib.sharded_train_state(
         jax.random.key(0), model, tx, s.device_batch(batches[0]), mesh, rules)
   else:
     state, state_sharding = _random_state(model, tx, mesh, rules, batches[0])

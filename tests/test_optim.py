@@ -1,9 +1,10 @@
-"""Tests for transformer_jax.optim: the §5.3 schedule against its formula, and Adam against hand-computed steps."""
+"""Tests for transformer_jax.training.optim: the §5.3 schedule against its formula, and Adam against hand-computed
+steps."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import optim
+from transformer_jax.training import optim
 
 
 def paper_lrate(step: int, d_model: int = 512, warmup_steps: int = 4000) -> float:

@@ -9,9 +9,9 @@ import pytest
 from configs import base
 from configs import table3
 from configs import table3_multi30k
-from transformer_jax import config_checks
 from transformer_jax import model as model_lib
 from transformer_jax import translation
+from transformer_jax.training import config_checks
 
 
 def learned_model(max_length):

@@ -19,11 +19,11 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import evaluate
-from transformer_jax import config_checks
-from transformer_jax import experiment
-from transformer_jax import train
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.evaluation import evaluate
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import config_checks
+from transformer_jax.training import experiment
+from transformer_jax.training import train
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps
@@ -425,7 +425,7 @@ def test_empty_and_long_lines_through_main(monkeypatch, tmp_path, caplog, capsys
 
 
 def test_training_stops_before_the_first_step_when_the_step_cannot_fit(monkeypatch, tmp_path, corpus):
-  from transformer_jax import memory  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import memory  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(memory, 'available_bytes', lambda devices=None: (1024, 'test limit'))
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[\d+, \d+\] needs '
                                                    r'[\d.]+ GiB per device, 0\.00 GiB available \(test limit\).*'
@@ -547,7 +547,7 @@ def test_failed_rerun_leaves_the_config_and_a_resume_records_its_changes(tmp_pat
 
 def test_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
   # Issue #32, 6: a BOM stayed in reference line 1 (a hypothesis equal to the line scored 89.3, not 100).
-  from transformer_jax import multi30k  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import multi30k  # pylint: disable=g-import-not-at-top
   path = tmp_path / 'refs.de'
   path.write_bytes('\ufeffein Mann\nein Hund\n'.encode('utf-8'))
   assert multi30k.read_lines(path) == ['ein Mann', 'ein Hund']
@@ -555,7 +555,7 @@ def test_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
 
 def test_truncated_config_and_vocabulary_name_the_file(tmp_path, reference_run):
   # Issue #32, 5: a JSONDecodeError without a file, a SentencePiece ParseFromArray error.
-  from transformer_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   config_json = tmp_path / 'config.json'
   config_json.write_text((reference_run.workdir / 'config.json').read_text()[:100])
   with pytest.raises(ValueError, match=rf'{re.escape(str(config_json))} is not valid JSON .*the file is damaged'):
@@ -568,19 +568,20 @@ def test_truncated_config_and_vocabulary_name_the_file(tmp_path, reference_run):
 
 def test_flipped_bytes_in_a_checkpoint_are_caught_by_its_checksums(tmp_path, corpus, reference_run, caplog):
   # Issue #32, 2: 16 flipped bytes in a data chunk restored without error, with corrupted values.
-  from transformer_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from transformer_jax.storage import checkpoint_checks  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / 'run'
   shutil.copytree(reference_run.workdir, workdir)
   newest = workdir / 'checkpoints' / str(NUM_STEPS)
-  assert json.loads((newest / checkpoints.CHECKSUMS).read_text())  # Written once the step committed.
+  assert json.loads((newest / checkpoint_checks.CHECKSUMS).read_text())  # Written once the step committed.
   chunk = max((p for p in (newest / 'state').rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
   data = bytearray(chunk.read_bytes())
   middle = len(data) // 2
   data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
   chunk.write_bytes(bytes(data))
-  with pytest.raises(checkpoints.ChecksumError, match=rf'{re.escape(str(chunk))} has SHA-256 [0-9a-f]{{64}}, not '
-                                                      r'the [0-9a-f]{64} recorded at save'):
-    checkpoints.verify_checksums(newest)
+  with pytest.raises(checkpoint_checks.ChecksumError,
+                     match=rf'{re.escape(str(chunk))} has SHA-256 [0-9a-f]{{64}}, not '
+                           r'the [0-9a-f]{64} recorded at save'):
+    checkpoint_checks.verify_checksums(newest)
   config = text_config(corpus)
   config.train.num_train_steps = NUM_STEPS + 2
   with caplog.at_level(logging.WARNING):
@@ -596,7 +597,7 @@ def test_truncated_gzip_empty_training_and_validation_files_name_the_cause(monke
   # Issue #32, 5: an EOFError with no file name; SentencePiece's `!sentences_.empty()`; an IndexError after the
   # vocabulary and config.json were written.
   import gzip  # pylint: disable=g-import-not-at-top
-  from transformer_jax import multi30k  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import multi30k  # pylint: disable=g-import-not-at-top
   cut = tmp_path / 'cut.en.gz'
   cut.write_bytes(gzip.compress(b'a man\n' * 1000)[:-30])
   with pytest.raises(ValueError, match=rf'{re.escape(str(cut))} is not a complete gzip file'):

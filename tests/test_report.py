@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.report and the Table 3 sweep around it: every row appears with its state, the
+"""Tests for transformer_jax.tools.report and the Table 3 sweep around it: every row appears with its state, the
 numbers are the runs' own, the sweep skips finished rows and records failures, and the Multi30k rows change
 exactly the fields they name."""
 import json
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from transformer_jax import report
+from transformer_jax.tools import report
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROWS_FILE = REPO_ROOT / 'configs' / 'table3_multi30k.py'

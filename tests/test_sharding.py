@@ -17,15 +17,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import aot
-from transformer_jax import checkpoints
-from transformer_jax import experiment
-from transformer_jax import memory
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax import translation
+from transformer_jax.storage import checkpoints
+from transformer_jax.tools import aot
+from transformer_jax.training import memory
+from transformer_jax.training import optim
+from transformer_jax.training import state as state_lib
+from transformer_jax.training import train
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -66,21 +66,21 @@ def make_batch(rows=16, length=8, seed=0) -> dict[str, np.ndarray]:
 
 def abstract_state(mesh, rules, model=MODEL):
   """(abstract TrainState with logical boxes, its NamedShardings), without compiling anything."""
-  init_fn = functools.partial(experiment.create_train_state, model=model, tx=TX, batch=make_batch(rows=2))
+  init_fn = functools.partial(state_lib.create_train_state, model=model, tx=TX, batch=make_batch(rows=2))
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
     return abstract, sharding.logical_to_sharding(abstract, mesh, rules)
 
 
 @pytest.fixture(scope='module')
-def initial_state() -> experiment.TrainState:
+def initial_state() -> state_lib.TrainState:
   """A host (numpy) TrainState with random values in every parameter (no init compile needed)."""
   mesh = sharding.make_mesh(mesh_config(), jax.devices()[:1])
   abstract, _ = abstract_state(mesh, sharding.logical_axis_rules(mesh_config()))
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32), nn.unbox(abstract.params))
-  return experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(TX.init(params)),
-                          rng=np.array([0, 7], np.uint32))
+  return state_lib.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(TX.init(params)),
+                              rng=np.array([0, 7], np.uint32))
 
 
 def run_steps(state, mesh_cfg, devices=None, num_steps=2):

@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import checkpoints
-from transformer_jax import distributed
+from transformer_jax.storage import checkpoints
+from transformer_jax.training import distributed
 
 import processes  # pylint: disable=g-bad-import-order  (tests/processes.py)
 

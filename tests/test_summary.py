@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.summary: the parameter table (`--mode=summary`) and its total."""
+"""Tests for transformer_jax.tools.summary: the parameter table (`--mode=summary`) and its total."""
 import pathlib
 import re
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import model as model_lib
-from transformer_jax import summary
+from transformer_jax.tools import summary
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 TINY = tiny_runs.tiny_model_fields(vocab_size=64)  # configs/tiny.py's model.

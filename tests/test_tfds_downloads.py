@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.tfds_downloads: TFDS download failures, injected below TFDS; never the network.
+"""Tests for transformer_jax.data.tfds_downloads: TFDS download failures, injected below TFDS; never the network.
 
 Each test prepares 'wmt14_translate/de-en' (configs/base.py's dataset) into tmp_path through TFDS's real download
 manager and downloader, with the failure injected at requests' transport adapter or at the downloader's file
@@ -14,8 +14,8 @@ import requests
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import downloader as downloader_lib
 
-from transformer_jax import input_pipeline
-from transformer_jax import tfds_downloads
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import tfds_downloads
 
 tfds.disable_progress_bar()
 EUROPARL = 'http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz'
@@ -108,7 +108,7 @@ def test_truncated_archive_is_named_and_downloaded_again_next_run(monkeypatch, t
 
 def test_an_offline_training_run_stops_before_its_workdir_is_made(monkeypatch, tmp_path):
   """The download error comes before experiment.setup writes anything (no empty run folder, no checkpoints/)."""
-  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
 
   def send(self, request, **kwargs):
     raise requests.exceptions.ConnectionError(f'no internet: {request.url}')

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.tokenizer on the real Multi30k corpus (vocabulary 8000, trained in about 1 s)."""
+"""Tests for transformer_jax.data.tokenizer on the real Multi30k corpus (vocabulary 8000, trained in about 1 s)."""
 import io
 import pathlib
 import re
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from transformer_jax import multi30k
-from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax.data import multi30k
+from transformer_jax.data import tokenizer as tokenizer_lib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 UNSEEN = ['Ein Mann 🙂 mit 日本語 und naïve café.', '東京で猫が寝ている。', 'مرحبا بالعالم', 'Ωμέγα ∑ ≠ 😀👍🏽', 'Straße Ærø']
@@ -120,7 +120,7 @@ def test_a_vocabulary_the_corpus_cannot_fill_names_data_vocab_size(tmp_path):
 
 _TRAIN_IN_A_PROCESS = """
 import hashlib, pathlib, sys
-from transformer_jax import multi30k, tokenizer
+from transformer_jax.data import multi30k, tokenizer
 folder, workdir, seed = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 lines = lambda: [line for lang in ('en', 'de') for line in multi30k.read_lines(folder / f'train.{lang}.gz')[:4000]]
 tokenizer.train_or_load(workdir, lines, 1000, max_sentences=1500, seed=seed)
@@ -199,7 +199,7 @@ def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization
 ])
 def test_config_checks_the_tokenizer_fields_at_start_up(key, value, match):
   from configs import base  # pylint: disable=g-import-not-at-top
-  from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.data[key] = value
   with pytest.raises(ValueError, match=match):

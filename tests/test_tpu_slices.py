@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.tpu_slices and aot's compile for a TPU slice (--config.compile.topology).
+"""Tests for transformer_jax.tools.tpu_slices and aot's compile for a TPU slice (--config.compile.topology).
 
 The compile tests need libtpu (the `tpu` extra) and skip without it; they compile with the real TPU compiler
 on this CPU machine. Measured on a 2-vCPU AMD EPYC: the tiny model for v5e-4 compiles in ~10 s, the model too
@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from transformer_jax import aot
-from transformer_jax import memory
-from transformer_jax import tpu_slices
+from transformer_jax.tools import aot
+from transformer_jax.tools import tpu_slices
+from transformer_jax.training import memory
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:

@@ -1,4 +1,5 @@
-"""Tests for transformer_jax.train: the steps learn and are deterministic, main runs end to end, resuming is exact.
+"""Tests for transformer_jax.training.train: the steps learn and are deterministic, main runs end to end, resuming
+is exact.
 
 End-to-end runs use configs/tiny.py on a synthetic word-for-word "translation" corpus written to a temporary
 folder (dataset='text'), so they need neither the network nor the real corpus; one test trains on the real
@@ -18,15 +19,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import config_checks
-from transformer_jax import evaluate
-from transformer_jax import experiment
-from transformer_jax import goodput
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax import train
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.evaluation import evaluate
+from transformer_jax.training import config_checks
+from transformer_jax.training import experiment
+from transformer_jax.training import goodput
+from transformer_jax.training import optim
+from transformer_jax.training import state as state_lib
+from transformer_jax.training import train
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps
@@ -68,7 +70,7 @@ def test_tiny_model_overfits_one_batch():
   model = model_lib.Transformer(tiny_model_config(dropout_rate=0.0))
   batch = jax.tree.map(jnp.asarray, copy_task_batch(np.random.default_rng(0), 4, 10, 32))
   tx = optim.make_optimizer(optim.rsqrt_schedule(32, 20, learning_rate_scale=0.3))
-  state = jax.jit(lambda rng: nn.unbox(experiment.create_train_state(rng, model, tx, batch)))(jax.random.key(0))
+  state = jax.jit(lambda rng: nn.unbox(state_lib.create_train_state(rng, model, tx, batch)))(jax.random.key(0))
   step_fn = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.0))
   eval_fn = jax.jit(functools.partial(evaluate.eval_step, model=model, label_smoothing=0.0))
   first = eval_fn(state.params, batch)
@@ -104,8 +106,8 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   rng = np.random.default_rng(0)
   batch_a, batch_b = (copy_task_batch(rng, 8, 32, VOCAB_SIZE) for _ in range(2))
   batch_c, batch_d = (copy_task_batch(rng, 16, 16, VOCAB_SIZE) for _ in range(2))
-  state, state_sharding = experiment.sharded_train_state(jax.random.key(0), s.model, tx, s.device_batch(batch_a),
-                                                    mesh, rules)
+  state, state_sharding = state_lib.sharded_train_state(jax.random.key(0), s.model, tx, s.device_batch(batch_a),
+                                                        mesh, rules)
   train_fn = train.jit_train_step(s, state_sharding, config.train.label_smoothing)
   copy = lambda tree: jax.tree.map(jnp.copy, tree)  # train_fn donates the state it is given.
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

@@ -6,13 +6,13 @@ import subprocess
 import pytest
 
 from tests import tiny_runs
-from transformer_jax import bleu
-from transformer_jax import evaluate
-from transformer_jax import config_checks
-from transformer_jax import experiment
-from transformer_jax import input_pipeline
 from transformer_jax import translation
-from transformer_jax import tune_decoding
+from transformer_jax.data import input_pipeline
+from transformer_jax.evaluation import bleu
+from transformer_jax.evaluation import evaluate
+from transformer_jax.evaluation import tune_decoding
+from transformer_jax.training import config_checks
+from transformer_jax.training import experiment
 
 pytestmark = pytest.mark.usefixtures('persistent_compilation_cache')
 

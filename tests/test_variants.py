@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from transformer_jax import attention
-from transformer_jax import experiment
 from transformer_jax import layers
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import summary
-from transformer_jax import train
 from transformer_jax import translation
+from transformer_jax.tools import summary
+from transformer_jax.training import optim
+from transformer_jax.training import state as state_lib
+from transformer_jax.training import train
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 VOCAB = 64
@@ -249,7 +249,7 @@ def _train_steps(model, mesh_shape, devices, state, batch):
   mesh_cfg.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
   mesh, rules = sharding.make_mesh(mesh_cfg, devices), sharding.logical_axis_rules(mesh_cfg)
   tx = optim.make_optimizer(optim.rsqrt_schedule(32, warmup_steps=2), eps=1e-4)
-  init_fn = functools.partial(experiment.create_train_state, model=model, tx=tx, batch=batch)
+  init_fn = functools.partial(state_lib.create_train_state, model=model, tx=tx, batch=batch)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state_sharding = sharding.logical_to_sharding(jax.eval_shape(init_fn, jax.random.key(0)), mesh, rules)
     batch_sharding = sharding.batch_sharding(mesh)
@@ -275,11 +275,11 @@ def test_sharded_step_equals_one_device(variant):
   batch['source_tokens'][::2, -2:] = 0
   batch['decoder_input_tokens'] = np.concatenate([np.ones((8, 1), np.int32), batch['target_tokens'][:, :-1]], 1)
   tx = optim.make_optimizer(optim.rsqrt_schedule(32, warmup_steps=2), eps=1e-4)
-  abstract = nn.unbox(jax.eval_shape(functools.partial(experiment.create_train_state, model=model, tx=tx, batch=batch),
+  abstract = nn.unbox(jax.eval_shape(functools.partial(state_lib.create_train_state, model=model, tx=tx, batch=batch),
                                      jax.random.key(0)))
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32), abstract.params)
-  state = experiment.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
-                           rng=np.array([0, 7], np.uint32))
+  state = state_lib.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
+                               rng=np.array([0, 7], np.uint32))
   one, one_losses = _train_steps(model, (1, 1, 1), jax.devices()[:1], state, batch)
   many, many_losses = _train_steps(model, (2, 2, 2), jax.devices()[:8], state, batch)
   np.testing.assert_allclose(many_losses, one_losses, rtol=1e-5)

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from transformer_jax import batching
+from transformer_jax.data import train_iterator
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -98,7 +98,7 @@ def checkpoint_steps(workdir) -> list[int]:
   return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
 
 
-_TRAIN_ITERATOR_NEXT = batching.TrainIterator.__next__  # Unpatched, whatever a test did before.
+_TRAIN_ITERATOR_NEXT = train_iterator.TrainIterator.__next__  # Unpatched, whatever a test did before.
 
 
 def record_batches(monkeypatch, on_batch=None) -> list[dict[str, np.ndarray]]:
@@ -112,7 +112,7 @@ def record_batches(monkeypatch, on_batch=None) -> list[dict[str, np.ndarray]]:
     batches.append({k: v.copy() for k, v in batch.items()})
     return batch
 
-  monkeypatch.setattr(batching.TrainIterator, '__next__', recording_next)
+  monkeypatch.setattr(train_iterator.TrainIterator, '__next__', recording_next)
   return batches
 
 

@@ -100,37 +100,37 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config, mode, workdir = flags.FLAGS.config, flags.FLAGS.mode, flags.FLAGS.workdir
   if mode == 'config':
-    from transformer_jax import config_doc  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import config_doc  # pylint: disable=g-import-not-at-top
     print(config_doc.describe(config), end='')
     return
   if mode == 'summary':
-    from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
-    from transformer_jax import summary  # pylint: disable=g-import-not-at-top
+    from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import summary  # pylint: disable=g-import-not-at-top
     print(summary.summarize(config_checks.model_config(config)))
     return
   if mode == 'benchmark':
-    from transformer_jax import benchmark  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import benchmark  # pylint: disable=g-import-not-at-top
     benchmark.run(config)
     return
   if mode == 'compile':  # --workdir is optional: it only receives compile.json.
-    from transformer_jax import aot  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import aot  # pylint: disable=g-import-not-at-top
     aot.compile_only(config, workdir)
     return
   if workdir is None:
     sys.exit(f'--workdir is required for --mode={mode} (the run\'s folder; --help for usage)')
-  from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
-  from transformer_jax import distributed  # pylint: disable=g-import-not-at-top
-  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import distributed  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
   if flags.FLAGS.compilation_cache_dir:
     use_compilation_cache(flags.FLAGS.compilation_cache_dir)
-  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.absolute_paths(config)  # config.json stores paths that work from any directory.
   if mode in ('evaluate', 'translate', 'tune_decoding', 'export'):
     config = config_checks.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   experiment.log_backend(config)
-  from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top
-  from transformer_jax import train  # pylint: disable=g-import-not-at-top
+  from transformer_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import train  # pylint: disable=g-import-not-at-top
   if not sys.stderr.isatty():  # TFDS's progress bars would fill a redirected log with carriage returns.
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     tfds.disable_progress_bar()
@@ -141,10 +141,10 @@ def main(argv):
   elif mode == 'translate':
     evaluate.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
   elif mode == 'tune_decoding':
-    from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
+    from transformer_jax.evaluation import tune_decoding  # pylint: disable=g-import-not-at-top
     tune_decoding.tune_decoding(config, workdir, *_decoding_grid())  # It checks the ranges first.
   elif mode == 'export':
-    from transformer_jax import export  # pylint: disable=g-import-not-at-top
+    from transformer_jax.tools import export  # pylint: disable=g-import-not-at-top
     export.export_run(config, workdir, flags.FLAGS.output)
 
 
@@ -154,7 +154,7 @@ def _decoding_grid() -> tuple[list[int], list[float], list]:
   Raises:
     app.UsageError: naming the flags, for a value that is not a number or not a window.
   """
-  from transformer_jax import tune_decoding  # pylint: disable=g-import-not-at-top
+  from transformer_jax.evaluation import tune_decoding  # pylint: disable=g-import-not-at-top
   try:
     beam_sizes = [int(b) for b in flags.FLAGS.beam_sizes]
     alphas = [float(a) for a in flags.FLAGS.alphas]
@@ -193,7 +193,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
   Raises:
     SystemExit: with a message, when --config is left out and the workdir holds no run.
   """
-  from transformer_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   roots = [pathlib.Path(__file__).resolve().parents[1]]
   config = _flag_value(argv, 'config')
   if config:

@@ -24,7 +24,7 @@ import numpy as np
 from transformer_jax import cpu_kernels
 from transformer_jax import decoding
 from transformer_jax import model as model_lib
-from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax.data import tokenizer as tokenizer_lib
 
 Array = jax.Array
 

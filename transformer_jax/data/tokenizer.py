@@ -36,7 +36,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from transformer_jax import errors
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 PAD_ID = 0
 BOS_ID = 1

@@ -2,7 +2,7 @@
 
 A rows file (configs/table3_multi30k.py) lists FINDINGS: the paper's claims (§5.4, §6.2) and the later variants'
 (rows F), each as checks (claim, row, reference rows, metric, expected) with expected 'better', 'worse', 'same' or
-'not worse'. `verdicts` tests each check on the per-seed values that `transformer_jax.report` collected:
+'not worse'. `verdicts` tests each check on the per-seed values that `transformer_jax.tools.report` collected:
 
 * The difference row - reference (the reference: the best of the check's reference rows by its mean) gets a t
   interval (`significance`): Welch's where both sides have two seeds or more, else one run's standard deviation
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import tabulate
 
-from transformer_jax import significance
+from transformer_jax.tools import significance
 
 ALPHA = 0.05  # Family-wise error rate of each family's verdicts (Holm).
 MIN_SEEDS = 3  # On each side, for a conclusive verdict.

@@ -37,13 +37,13 @@ import jax
 import numpy as np
 
 from transformer_jax import errors
-from transformer_jax import experiment
-from transformer_jax import flops
-from transformer_jax import memory
 from transformer_jax import sharding
-from transformer_jax import tpu_slices
-from transformer_jax import train
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.tools import tpu_slices
+from transformer_jax.training import experiment
+from transformer_jax.training import flops
+from transformer_jax.training import memory
+from transformer_jax.training import train
 
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 import ml_collections
 
-from transformer_jax import inspection
+from transformer_jax.tools import inspection
 
 _CURVE_PANELS = (
     ('loss (label-smoothed, §5.4) and nll', ('train/loss', 'eval/loss', 'train/nll', 'eval/nll')),

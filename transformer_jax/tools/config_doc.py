@@ -11,7 +11,7 @@ import re
 
 import ml_collections
 
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 BASE_CONFIG = workdir_lib.BASE_CONFIG
 _SECTION = re.compile(r'^\s*config\.(\w+) = ml_collections\.ConfigDict\(')

@@ -3,18 +3,17 @@
 `compute_setup` checks the config (`config_checks`) and builds the mesh, model and optimiser (a `Build`: all
 that --mode=compile and --mode=benchmark need); `setup` also checks everything else that can be checked before
 a byte is written (input files, that the workdir is writable and holds no incompatible run), then loads or
-trains the vocabulary and opens the checkpoint managers (a `Setup`). `TrainState` and its (sharded) creation
-live here too, so that `Build.abstract_state` can describe a checkpoint without initialising one.
+trains the vocabulary and opens the checkpoint managers (a `Setup`). `TrainState` and its creation are
+`state.py`'s; what a run folder must agree with (the checkpoint fingerprint, the vocabulary's hash) is
+`storage/fingerprint.py`'s.
 """
 import contextlib
 import dataclasses
 import functools
-import hashlib
 from typing import Any
 
 from absl import logging
 from etils import epath
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -22,77 +21,22 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
-from transformer_jax import checkpoints as checkpoints_lib
-from transformer_jax import config_checks
-from transformer_jax import distributed
 from transformer_jax import errors
 from transformer_jax import host_allocator
-from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.storage import checkpoints as checkpoints_lib
+from transformer_jax.storage import fingerprint
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import config_checks
+from transformer_jax.training import distributed
+from transformer_jax.training import optim
+from transformer_jax.training import state as state_lib
 
 Array = jax.Array
 Batch = dict[str, Array]
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything a checkpoint needs to resume training exactly.
-
-  Attributes:
-    step: int32 scalar, number of updates applied.
-    params: float32 parameter tree.
-    opt_state: Adam moments and count.
-    rng: uint32 [2] raw PRNG key data; dropout at step s uses fold_in(rng, s).
-  """
-  step: Array
-  params: Any
-  opt_state: Any
-  rng: Array
-
-
-def model_inputs(batch: Batch) -> dict[str, Array]:
-  """Model keyword arguments from a batch dict (segment ids and positions only for packed batches)."""
-  keys = ('source_segment_ids', 'target_segment_ids', 'source_positions', 'target_positions')
-  return {key: batch[key] for key in keys if key in batch}
-
-
-def create_train_state(rng: Array, model: model_lib.Transformer, tx: optax.GradientTransformation,
-                       batch: Batch) -> TrainState:
-  """Initialises parameters (boxed with logical axis names) and the optimiser state.
-
-  Args:
-    rng: a PRNG key.
-    model: the Transformer.
-    tx: the optimiser.
-    batch: an example batch (only shapes matter).
-
-  Returns:
-    A TrainState at step 0 whose params are `LogicallyPartitioned` boxes.
-  """
-  init_rng, dropout_rng = jax.random.split(rng)
-  variables = model.init({'params': init_rng}, batch['source_tokens'], batch['decoder_input_tokens'],
-                         **model_inputs(batch))
-  params = variables['params']
-  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=jax.random.key_data(dropout_rng))
-
-
-def sharded_train_state(rng, model, tx, batch, mesh, rules) -> tuple[TrainState, Any]:
-  """Creates the TrainState directly in its sharded layout (jit of the initialiser with out_shardings).
-
-  Returns:
-    (state with unboxed params, the matching tree of NamedShardings).
-  """
-  init_fn = functools.partial(create_train_state, model=model, tx=tx, batch=batch)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract = jax.eval_shape(init_fn, rng)
-    state_sharding = sharding.logical_to_sharding(abstract, mesh, rules)
-    state = jax.jit(lambda r: nn.unbox(init_fn(r)), out_shardings=state_sharding)(rng)
-  return state, state_sharding
 
 
 @dataclasses.dataclass
@@ -132,7 +76,7 @@ class Build:
     """
     batch = {key: jax.ShapeDtypeStruct((self.data_shards, 8), jnp.int32)
              for key in ('source_tokens', 'decoder_input_tokens', 'target_tokens')}
-    init_fn = functools.partial(create_train_state, model=self.model, tx=self.tx)
+    init_fn = functools.partial(state_lib.create_train_state, model=self.model, tx=self.tx)
     rng = jax.eval_shape(lambda: jax.random.key(0))
     with self.mesh_context():
       abstract = jax.eval_shape(init_fn, rng, batch=batch)
@@ -234,15 +178,15 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   try:
     # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would
     # otherwise leave a second spm_<vocab_size>.model behind before failing.
-    manager = open_checkpoints(config, workdir, model_cfg)
-    _check_vocabulary(config, workdir, manager)
+    manager = fingerprint.open_checkpoints(config, workdir, model_cfg)
+    fingerprint.check_vocabulary(config, workdir, manager)
     tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
     if tokenizer.vocab_size != model_cfg.vocab_size:
       raise errors.ConfigError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
                                f'data.vocab_size={model_cfg.vocab_size}')
     if run_lock is not None:
-      _record_vocabulary_hash(config, workdir)
-    best = open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
+      fingerprint.record_vocabulary_hash(config, workdir)
+    best = fingerprint.open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
   except BaseException:
     if manager is not None:
       manager.close()  # Its threads would outlive the error.
@@ -261,91 +205,6 @@ def _lock(workdir: str, purpose: str | None) -> workdir_lib.RunLock | None:
     logging.warning('%s is not a local folder: not locked; make sure no other process writes it.', workdir)
     return None
   return workdir_lib.RunLock(workdir, purpose).acquire()
-
-
-def _vocabulary_paths(config, workdir: str) -> tuple[epath.Path, epath.Path]:
-  """(the vocabulary file, the file recording its SHA-256)."""
-  return (epath.Path(workdir_lib.path(workdir, workdir_lib.vocabulary_file(config.data.vocab_size))),
-          epath.Path(workdir_lib.path(workdir, workdir_lib.VOCABULARY_HASH)))
-
-
-def _check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointManager) -> None:
-  """The run's vocabulary must be the one it trained with: a new one would index other pieces.
-
-  Raises:
-    errors.MissingFileError: naming the missing file and the checkpoint step, when checkpoints exist without it.
-    errors.ConfigError: naming the file and both hashes, when it differs from the one the run recorded
-      (`vocabulary.sha256`, written by `_record_vocabulary_hash`).
-  """
-  vocabulary, recorded = _vocabulary_paths(config, workdir)
-  expected = recorded.read_text().strip() if recorded.exists() else None
-  if not vocabulary.exists():
-    latest = manager.latest_step()
-    if latest is not None:
-      raise errors.MissingFileError(
-          f'{vocabulary} is missing, but {workdir} holds checkpoints up to step {latest} trained with it'
-          f'{f" (SHA-256 {expected})" if expected else ""}. A new vocabulary would index other pieces: restore '
-          'the file, or train in another --workdir.')
-    return
-  actual = hashlib.sha256(vocabulary.read_bytes()).hexdigest()
-  if expected is not None and actual != expected:
-    raise errors.ConfigError(
-        f'{vocabulary} has SHA-256 {actual}, but this run was trained with the vocabulary of SHA-256 '
-        f'{expected} ({recorded}): its embeddings would index other pieces. Restore the original '
-        'file, or train in another --workdir.')
-
-
-def _record_vocabulary_hash(config, workdir: str) -> None:
-  """Writes `vocabulary.sha256` when the run has none (a new run, or one older than the record)."""
-  vocabulary, recorded = _vocabulary_paths(config, workdir)
-  if not recorded.exists() and jax.process_index() == 0:
-    recorded.write_text(hashlib.sha256(vocabulary.read_bytes()).hexdigest() + '\n')
-
-
-def open_checkpoints(config, workdir: str,
-                     model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
-  """The checkpoint manager of `workdir`.
-
-  The fingerprint stored with every checkpoint is what a run must agree with to resume or evaluate it: the
-  architecture (not the compute or attention-product dtype, attention implementation or rematerialisation,
-  which change no parameter), the vocabulary size and the languages.
-
-  Raises:
-    errors.ConfigError: if `workdir` holds a run with another fingerprint (nothing is written then).
-  """
-  return checkpoints_lib.CheckpointManager(
-      workdir, max_to_keep=config.train.max_checkpoints_to_keep,
-      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=_fingerprint(config, model_cfg))
-
-
-def open_best_checkpoints(config, workdir: str,
-                          model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
-  """`<workdir>/best_checkpoints`: the eval.average_best_n checkpoints with the highest validation BLEU.
-
-  Each holds {'params': ...} only (no optimiser state) and the metric `bleu` it was chosen by.
-
-  Raises:
-    errors.ConfigError: if `workdir` holds a run with another fingerprint.
-  """
-  return checkpoints_lib.CheckpointManager(
-      workdir, max_to_keep=config.eval.average_best_n, fingerprint=_fingerprint(config, model_cfg),
-      subdir=workdir_lib.BEST_CHECKPOINTS, best_metric='bleu')
-
-
-# ModelConfig fields added after checkpoints existed: left out of the fingerprint at their defaults, so that
-# those checkpoints (whose fingerprints lack them) still resume and evaluate.
-_FIELDS_ADDED_LATER = {'norm': 'layer_norm', 'feed_forward': 'relu', 'num_kv_heads': None}
-
-
-def _fingerprint(config, model_cfg: model_lib.ModelConfig) -> dict:
-  model = dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None}
-  del model['attention_product_dtype'], model['decoding_kernel']  # Change no parameter; absent from older
-  # fingerprints, so left out.
-  model = {key: value for key, value in model.items()
-           if key not in _FIELDS_ADDED_LATER or value != _FIELDS_ADDED_LATER[key]}
-  return {'model': model,
-          'data': {'vocab_size': model_cfg.vocab_size, 'source_lang': config.data.source_lang,
-                   'target_lang': config.data.target_lang}}
 
 
 def _check_writable(workdir: str) -> None:

@@ -9,7 +9,7 @@
     best_checkpoints/<step>/            parameters of the eval.average_best_n best steps by validation BLEU
     unusable_checkpoints/<step>.<time>/ checkpoints found unreadable at resumption, set aside
     <split>.hyp.<target_lang>           the final evaluation's hypotheses, one line per source line
-    final_metrics.json                  the final evaluation's figures (what transformer_jax.report reads)
+    final_metrics.json                  the final evaluation's figures (what transformer_jax.tools.report reads)
     run.lock                            held by the one process that writes the run (train, evaluate; `RunLock`)
     compile.json                        --mode=compile's memory and FLOP estimates
     evaluations/<YYYYmmdd-HHMMSS>/      each --mode=evaluate's hypotheses and final_metrics.json
@@ -206,7 +206,7 @@ def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> m
 
 
 def get_config(workdir: str) -> ml_collections.ConfigDict:
-  """A run's stored config as a config file: `--config=transformer_jax/workdir.py:<workdir>` loads
+  """A run's stored config as a config file: `--config=transformer_jax/storage/workdir.py:<workdir>` loads
   `<workdir>/config.json` (what `main` passes when --config is left out and the workdir has one).
 
   Raises:
@@ -218,7 +218,7 @@ def get_config(workdir: str) -> ml_collections.ConfigDict:
   return load_run_config(workdir)
 
 
-BASE_CONFIG = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
+BASE_CONFIG = pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'base.py'
 
 
 def with_defaults(stored: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import model as model_lib
-from transformer_jax import tpu_slices
+from transformer_jax.tools import tpu_slices
 
 # Dense bf16 peaks (FLOP/s per chip) of accelerators whose measured matmul rate would understate the datasheet,
 # by exact `device_kind` (v5p reports 'TPU v5'; 'TPU v5 lite' is v5e).

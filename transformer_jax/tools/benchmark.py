@@ -22,14 +22,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import experiment
-from transformer_jax import flops as flops_lib
-from transformer_jax import batching
-from transformer_jax import memory
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
-from transformer_jax import train
 from transformer_jax import translation
+from transformer_jax.data import batching
+from transformer_jax.training import experiment
+from transformer_jax.training import flops as flops_lib
+from transformer_jax.training import memory
+from transformer_jax.training import state as state_lib
+from transformer_jax.training import train
 
 def _timed(fn, *args, num_steps: int):
   """Median seconds of fn(*args) over num_steps calls after one warm-up call; returns (median, last output)."""
@@ -69,8 +70,8 @@ def compiled_synthetic_step(config):
   batch = {k: jax.device_put(v, sharding.batch_sharding(setup.mesh)) for k, v in host_batch.items()}
   step_fn = train.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-    state, _ = experiment.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
-                                              setup.rules)
+    state, _ = state_lib.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
+                                             setup.rules)
     compiled = step_fn.lower(state, batch).compile()
   return compiled, state, batch, setup
 
@@ -95,7 +96,7 @@ def run(config) -> dict[str, float]:
   batch_sharding = sharding.batch_sharding(mesh)
   batch = {k: jax.device_put(v, batch_sharding) for k, v in host_batch.items()}
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state, _ = experiment.sharded_train_state(jax.random.key(0), model, setup.tx, batch, mesh, rules)
+    state, _ = state_lib.sharded_train_state(jax.random.key(0), model, setup.tx, batch, mesh, rules)
     xla_flops = float((compiled.cost_analysis() or {}).get('flops', float('nan')))
     state, _ = compiled(state, batch)
     times = []

@@ -22,17 +22,12 @@ failure stays on disk and the newest of them restorable.
 Every public method is multi-host safe in the usual orbax sense: all processes call it with the
 same arguments; orbax writes each process's shards and synchronises the processes itself.
 
-Sec. 6.1: "For the base models, we used a single model obtained by averaging the last 5
-checkpoints, which were written at 10-minute intervals. For the big models, we averaged the last
-20 checkpoints." See `average_checkpoints` and `config.eval.average_last_n`. Which checkpoints the final
-evaluation uses (`SELECTIONS`, eval.checkpoint_selection) is `select_params`; the best-by-BLEU checkpoints
-(`<workdir>/best_checkpoints`, parameters only) are saved by `save_best`.
+The checks around orbax's reads and writes (the checksums, the committed steps, the processes' agreement,
+shardings on every leaf, JSON items) are `checkpoint_checks`'. Which checkpoints the final evaluation averages or
+picks (§6.1), and the best-by-BLEU saves, are `evaluation/selection.py`'s.
 """
 from __future__ import annotations
 
-import collections.abc
-import hashlib
-import json
 import math
 import os
 import time
@@ -42,74 +37,17 @@ from absl import logging
 from etils import epath
 import jax
 from jax.experimental import multihost_utils
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 
 from transformer_jax import errors
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import checkpoint_checks
+from transformer_jax.storage import workdir as workdir_lib
 
 PyTree = Any
 
 _STATE = 'state'
 _DATA_STATE = 'data_state'
 _METADATA = 'metadata'
-CHECKSUMS = 'sha256.json'  # In each step's folder, beside the items.
-
-
-class ChecksumError(errors.DamagedFileError):
-  """A checkpoint file's SHA-256 is not the one recorded when the step was saved."""
-
-
-def _file_digests(step_dir: epath.Path) -> dict[str, str]:
-  """{path relative to step_dir: SHA-256} of every file under it except the record itself."""
-  digests, folders = {}, [step_dir]
-  while folders:  # epath has no recursive glob on remote file systems.
-    for path in sorted(folders.pop().iterdir()):
-      if path.is_dir():
-        folders.append(path)
-      elif path.name != CHECKSUMS:
-        digest = hashlib.sha256()
-        with path.open('rb') as f:
-          for block in iter(lambda: f.read(1 << 22), b''):
-            digest.update(block)
-        digests[str(path.relative_to(step_dir))] = digest.hexdigest()
-  return dict(sorted(digests.items()))
-
-
-def write_checksums(step_dir: str | os.PathLike[str]) -> None:
-  """Records the SHA-256 of every file of a committed step in `<step_dir>/sha256.json`."""
-  step_dir = epath.Path(step_dir)
-  tmp = step_dir / f'{CHECKSUMS}.tmp'
-  tmp.write_text(json.dumps(_file_digests(step_dir), indent=1, sort_keys=True))
-  tmp.replace(step_dir / CHECKSUMS)
-
-
-def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
-  """Checks a step's files against its `sha256.json`; False when it has none (saved before the record existed).
-
-  Raises:
-    ChecksumError: naming the first file that differs, is missing or was added.
-  """
-  step_dir = epath.Path(step_dir)
-  record = step_dir / CHECKSUMS
-  if not record.exists():
-    return False
-  expected, actual = json.loads(record.read_text()), _file_digests(step_dir)
-  for name in sorted(set(expected) | set(actual)):
-    if expected.get(name) != actual.get(name):
-      what = ('is missing' if name not in actual else 'was not in the checkpoint when it was saved'
-              if name not in expected else f'has SHA-256 {actual[name]}, not the {expected[name]} recorded at save')
-      raise ChecksumError(f'{step_dir / name} {what}: the checkpoint was damaged after it was written.')
-  return True
-
-
-def committed_steps(directory: str | os.PathLike[str]) -> list[int]:
-  """The committed checkpoint steps in `directory` (e.g. `<workdir>/checkpoints`), ascending; [] when it does not
-  exist. Reads only, and creates nothing (unlike opening a CheckpointManager)."""
-  if not epath.Path(directory).is_dir():
-    return []
-  return sorted(m.step for m in ocp.step.standard_name_format().find_all(epath.Path(directory)))
 
 
 class CheckpointSaveError(errors.UserError, RuntimeError):
@@ -183,7 +121,7 @@ class CheckpointManager:
     # The same naming orbax uses by default (`<step>`, committed steps only); kept here so that the
     # fingerprint can be read before the orbax manager creates anything on disk.
     self._name_format = ocp.step.standard_name_format()
-    self._fingerprint = None if fingerprint is None else _to_json(fingerprint, 'fingerprint')
+    self._fingerprint = None if fingerprint is None else checkpoint_checks.to_json(fingerprint, 'fingerprint')
     if fingerprint is not None:
       self.check_compatible(fingerprint)
     if read_only:  # Restores only: creates nothing and never cleans up a save in progress.
@@ -225,12 +163,12 @@ class CheckpointManager:
     Raises:
       errors.ConfigError: naming every differing key with the stored and the given value.
     """
-    given = _flatten(_to_json(fingerprint, 'fingerprint'))
+    given = checkpoint_checks.flatten(checkpoint_checks.to_json(fingerprint, 'fingerprint'))
     found = self._stored_fingerprint()
     if found is None:
       return
     step, stored = found
-    stored = _flatten(stored)
+    stored = checkpoint_checks.flatten(stored)
     absent = object()
 
     def show(values, key):
@@ -290,7 +228,7 @@ class CheckpointManager:
       CheckpointSaveError: if an earlier save has failed in the background (checked without blocking
         at every call, and by waiting for it before a save that is due), or this save fails to start.
     """
-    data_state = _to_json(data_state, 'data_state')
+    data_state = checkpoint_checks.to_json(data_state, 'data_state')
     self._raise_if_failed(wait=force or step % self._save_interval_steps == 0)
     if step in self._manager.all_steps():
       logging.info('Checkpoint step %d already exists in %s; not saving it again.', step,
@@ -335,11 +273,11 @@ class CheckpointManager:
     for step in steps:
       step_dir = epath.Path(self._step_path(step))
       if step_dir.is_dir():  # Not deleted meanwhile (max_to_keep).
-        write_checksums(step_dir)
+        checkpoint_checks.write_checksums(step_dir)
 
   def _save_error(self, step: int, error: Exception) -> CheckpointSaveError:
     self._pending_step = None
-    kept = committed_steps(self._directory)
+    kept = checkpoint_checks.committed_steps(self._directory)
     newest = f'the newest, step {kept[-1]}, was complete before this save' if kept else 'none is restorable'
     logging.error('Checkpoint step %d failed: %s: %s', step, type(error).__name__, error)
     return CheckpointSaveError(
@@ -412,8 +350,8 @@ class CheckpointManager:
       ChecksumError: if a file differs from the checksums recorded when the step was saved.
     """
     self._check_step(step)
-    _require_shardings(abstract_state, 'abstract_state')
-    verify_checksums(self._step_path(step))
+    checkpoint_checks.require_shardings(abstract_state, 'abstract_state')
+    checkpoint_checks.verify_checksums(self._step_path(step))
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(**{
@@ -443,9 +381,9 @@ class CheckpointManager:
         them, and training from scratch in a workdir with newer steps would never save again.
       errors.ConfigError: if the processes list different steps (the workdir is not shared storage).
     """
-    _require_shardings(abstract_state, 'abstract_state')
+    checkpoint_checks.require_shardings(abstract_state, 'abstract_state')
     steps = self.all_steps()
-    _agree_across_processes(steps, f'the checkpoint steps in {self._directory}')
+    checkpoint_checks.agree_across_processes(steps, f'the checkpoint steps in {self._directory}')
     failures = []
     for step in reversed(steps):
       try:
@@ -453,7 +391,7 @@ class CheckpointManager:
         error = None
       except Exception as e:  # pylint: disable=broad-except
         error = f'{type(e).__name__}: {e}'
-      if not _all_processes(error is None):
+      if not checkpoint_checks.all_processes(error is None):
         error = error or 'unusable on another process'
         logging.warning('Checkpoint step %d in %s is unusable (%s); trying the previous one.',
                         step, self._directory, error)
@@ -515,8 +453,8 @@ class CheckpointManager:
       ChecksumError: if a file differs from the checksums recorded when the step was saved.
     """
     self._check_step(step)
-    _require_shardings(abstract_subtree, 'abstract_subtree')
-    verify_checksums(self._step_path(step))
+    checkpoint_checks.require_shardings(abstract_subtree, 'abstract_subtree')
+    checkpoint_checks.verify_checksums(self._step_path(step))
     item = {subtree: abstract_subtree}
     # StandardRestore cannot restore part of a tree, and the composite manager binds the `state`
     # item to the handler it first saw; a separate PyTree checkpointer reads the same files.
@@ -541,188 +479,3 @@ class CheckpointManager:
                        f'steps: {self.all_steps()}.')
 
 
-def _agree_across_processes(steps: list[int], what: str) -> None:
-  """Raises errors.ConfigError unless every process lists the same steps (a no-op for one process)."""
-  if jax.process_count() == 1:
-    return
-  summary = np.array([len(steps), steps[-1] if steps else -1, hash(tuple(steps)) % (2**31)], np.int64)
-  gathered = np.asarray(multihost_utils.process_allgather(summary)).reshape(jax.process_count(), 3)
-  if np.any(gathered != gathered[0]):
-    seen = {p: f'{int(n)} steps, latest {int(last) if last >= 0 else None}' for p, (n, last, _) in enumerate(gathered)}
-    raise errors.ConfigError(f'The processes disagree on {what}: {seen}. The workdir must be shared storage that every '
-                             'process reads and writes.')
-
-
-def _all_processes(ok: bool) -> bool:
-  """Whether `ok` holds on every process."""
-  if jax.process_count() == 1:
-    return ok
-  return bool(np.all(np.asarray(multihost_utils.process_allgather(np.array([ok])))))
-
-
-def average_checkpoints(manager: CheckpointManager, steps: list[int], abstract_subtree: PyTree,
-                        subtree: str | None = 'params') -> PyTree:
-  """Element-wise mean of one subtree of the state over several checkpoints (Sec. 6.1).
-
-  By default only `state['params']` (or `state.params`) is read and averaged: evaluation and
-  decoding need the parameters alone, and the optimizer's moments are large (twice the params for
-  Adam) and meaningless for an averaged model, so they are never loaded. `subtree=None` averages
-  the whole state.
-
-  Floating leaves are averaged in float32 (float64 stays float64) and cast back to their dtype;
-  the others (integer step counters, uint32 PRNG key data, bools) are taken from the newest step.
-  The mean is updated one checkpoint at a time in ascending step order,
-    mean_k = mean_{k-1} + (x_k - mean_{k-1}) / k,
-  so memory holds one float32 accumulator and one restored checkpoint, the result is
-  deterministic, and identical checkpoints average to themselves bit for bit (a running sum
-  would not: 3 * x rounds in float32).
-
-  Args:
-    manager: the run's CheckpointManager.
-    steps: committed steps to average, e.g. `manager.all_steps()[-config.eval.average_last_n:]`.
-    abstract_subtree: `jax.ShapeDtypeStruct`s with shardings for `state[subtree]` (for the whole
-      state if `subtree` is None). The result has these shardings and dtypes.
-    subtree: top-level key or attribute of the state to average, or None for all of it.
-
-  Returns:
-    The averaged subtree, structured like `abstract_subtree`.
-
-  Raises:
-    ValueError: if `steps` is empty, repeats a step, or names a step that does not exist.
-  """
-  if not steps:
-    raise ValueError('average_checkpoints needs at least one step; got [].')
-  if len(set(steps)) != len(steps):
-    raise ValueError(f'average_checkpoints got repeated steps: {list(steps)}.')
-  missing = sorted(set(steps) - set(manager.all_steps()))
-  if missing:
-    raise ValueError(f'Steps {missing} are not in {manager.directory}; '
-                     f'steps: {manager.all_steps()}.')
-  _require_shardings(abstract_subtree, 'abstract_subtree')
-  leaves, treedef = jax.tree.flatten(abstract_subtree)
-  floating = [jnp.issubdtype(leaf.dtype, jnp.floating) for leaf in leaves]
-  mean = None
-  for count, step in enumerate(sorted(steps), start=1):
-    if subtree is None:
-      restored, _ = manager.restore(step, abstract_subtree)
-    else:
-      restored = manager.restore_subtree(step, abstract_subtree, subtree)
-    restored_leaves = treedef.flatten_up_to(restored)
-    values = [x for x, is_float in zip(restored_leaves, floating) if is_float]
-    if mean is None:
-      mean = _to_accumulator(values)
-    else:
-      mean = _update_mean(mean, values, np.float32(count))
-    newest = restored_leaves
-  shardings = [leaf.sharding for leaf, is_float in zip(leaves, floating) if is_float]
-  dtypes = [leaf.dtype for leaf, is_float in zip(leaves, floating) if is_float]
-  averaged = iter(_cast(mean, dtypes, shardings))
-  return treedef.unflatten(
-      [next(averaged) if is_float else x for x, is_float in zip(newest, floating)])
-
-
-# eval.checkpoint_selection: which checkpoints give the parameters the final evaluation uses (§6.1).
-SELECTIONS = ('average_last', 'best', 'average_best')
-
-
-def save_best(manager: CheckpointManager, step: int, params: PyTree, bleu: float) -> None:
-  """Offers step's parameters to the best-by-BLEU manager (`<workdir>/best_checkpoints`), which keeps the
-  max_to_keep (eval.average_best_n) with the highest validation BLEU."""
-  manager.save(step, {'params': params}, {}, force=True, metrics={'bleu': bleu})
-
-
-def select_params(eval_config: Any, last: CheckpointManager, best: CheckpointManager | None,
-                  abstract_params: PyTree) -> tuple[PyTree, list[int]]:
-  """The parameters of the checkpoints eval.checkpoint_selection chooses (one of SELECTIONS), averaged (§6.1).
-
-  'average_last': the mean of the last eval.average_last_n checkpoints of `last`; 'best': the checkpoint of
-  `best` with the best validation BLEU; 'average_best': the mean of the eval.average_best_n best.
-
-  Args:
-    eval_config: config.eval.
-    last: the run's checkpoints (`<workdir>/checkpoints`).
-    best: the best-by-BLEU checkpoints (`<workdir>/best_checkpoints`), or None for a run without them.
-    abstract_params: ShapeDtypeStructs with shardings of the parameters (`Build.abstract_state().params`).
-
-  Returns:
-    (params, steps): the (averaged) parameters, placed as `abstract_params`, and their steps, ascending.
-
-  Raises:
-    errors.MissingFileError: if the chosen manager holds no checkpoint.
-    errors.ConfigError: for 'best' or 'average_best' without `best`.
-  """
-  selection = eval_config.checkpoint_selection
-  if selection == 'average_last':
-    manager = last
-    steps = manager.all_steps()[-eval_config.average_last_n:]
-  else:
-    if best is None:
-      raise errors.ConfigError(
-          f'eval.checkpoint_selection={selection!r} chooses among the best checkpoints, which a run '
-          'keeps only with train.eval_bleu_every_steps > 0')
-    manager = best
-    steps = sorted(manager.best_steps()[:1 if selection == 'best' else eval_config.average_best_n])
-  if not steps:
-    raise errors.MissingFileError(f'no checkpoint in {manager.directory}: train first (--mode=train)')
-  logging.info('Using the parameters of checkpoint steps %s, averaged (eval.checkpoint_selection=%s).', steps,
-               selection)
-  return average_checkpoints(manager, steps, abstract_params), steps
-
-
-@jax.jit
-def _to_accumulator(values: list[jax.Array]) -> list[jax.Array]:
-  return [x.astype(jnp.promote_types(x.dtype, jnp.float32)) for x in values]
-
-
-@jax.jit
-def _update_mean(mean: list[jax.Array], values: list[jax.Array],
-                 count: jax.Array) -> list[jax.Array]:
-  # Where x equals the mean, keep the mean's bits: m + (x - m) / k would turn -0.0 into +0.0.
-  values = [x.astype(m.dtype) for m, x in zip(mean, values)]
-  return [jnp.where(x == m, m, m + (x - m) / count.astype(m.dtype)) for m, x in zip(mean, values)]
-
-
-def _cast(mean: list[jax.Array], dtypes: list[np.dtype],
-          shardings: list[jax.sharding.Sharding]) -> list[jax.Array]:
-  cast = jax.jit(lambda xs: [x.astype(d) for x, d in zip(xs, dtypes)],
-                 out_shardings=shardings)
-  return cast(mean)
-
-
-def _require_shardings(abstract_tree: PyTree, name: str) -> None:
-  """Raises unless every leaf has a sharding (orbax needs them to restore across topologies)."""
-  missing = [jax.tree_util.keystr(path)
-             for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_tree)
-             if getattr(leaf, 'sharding', None) is None]
-  if missing:
-    raise ValueError(
-        f'{name} leaves {missing[:5]}{" ..." if len(missing) > 5 else ""} have no sharding; '
-        'attach one to every jax.ShapeDtypeStruct (e.g. a NamedSharding), without which orbax '
-        'cannot restore onto a different number of devices.')
-
-
-def _json_default(value: Any) -> Any:
-  if isinstance(value, (np.generic, np.ndarray)):
-    return value.tolist()
-  raise TypeError(f'{type(value).__name__} {value!r} is not JSON-serialisable')
-
-
-def _to_json(value: dict, name: str) -> dict:
-  """A JSON round trip: a deep copy with JSON types, or ValueError naming what failed."""
-  if not isinstance(value, collections.abc.Mapping):
-    raise ValueError(f'{name} must be a dict; got {type(value).__name__}: {value!r}.')
-  try:
-    return json.loads(json.dumps(dict(value), default=_json_default))
-  except (TypeError, ValueError) as e:
-    raise ValueError(f'{name} must be JSON-serialisable: {e}; got {value!r}.') from e
-
-
-def _flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
-  """{'model': {'d_model': 512}} -> {'model.d_model': 512}."""
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict) and value:
-      flat.update(_flatten(value, f'{prefix}{key}.'))
-    else:
-      flat[f'{prefix}{key}'] = value
-  return flat

@@ -8,7 +8,8 @@ This module owns, for every mode: reading a split (`load_split`), the vocabulary
 (`encode`, `encode_split`), evaluation batches of a split (`split_eval_batches`), BPE-dropout resampling
 (`bpe_dropout_resegmenter`, broadcast from process 0 on multi-host runs), and everything a training run reads
 before its first step (`load_run_data`). Its functions take the data config (`config.data`), the tokenizer and
-the batch row multiple, not the run's `Setup`. Turning token ids into batches is `batching.py`'s.
+the batch row multiple, not the run's `Setup`. Turning token ids into batches is `batching.py`'s and
+`train_iterator.py`'s.
 """
 from collections.abc import Callable, Sequence
 import itertools
@@ -22,12 +23,13 @@ from jax.experimental import multihost_utils
 import numpy as np
 import tensorflow_datasets as tfds
 
-from transformer_jax import batching
 from transformer_jax import errors
-from transformer_jax import multi30k
-from transformer_jax import tfds_downloads
-from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax.batching import Ragged
+from transformer_jax.data import batching
+from transformer_jax.data import multi30k
+from transformer_jax.data import tfds_downloads
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data import train_iterator
+from transformer_jax.data.batching import Ragged
 
 
 def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
@@ -245,7 +247,7 @@ def split_eval_batches(data_config: Any, source_ids: batching.Ids, target_ids: b
 
 def bpe_dropout_resegmenter(data_config: Any, tokenizer: tokenizer_lib.Tokenizer, source: list[str],
                             target: list[str]) -> Callable[[int], list[Ragged]] | None:
-  """`batching.TrainIterator`'s `resegment` for data.bpe_dropout_rate > 0, else None.
+  """`train_iterator.TrainIterator`'s `resegment` for data.bpe_dropout_rate > 0, else None.
 
   Returns:
     epoch -> [source ids, target ids], a new BPE-dropout sample of every training pair at each call (~1 s per
@@ -299,7 +301,7 @@ def broadcast_ragged(ids: Ragged | None, num_sequences: int) -> Ragged:
 
 class RunData(NamedTuple):
   """The splits a training run reads, all loaded before the first step (so that bad files fail early)."""
-  train_iter: batching.TrainIterator
+  train_iter: train_iterator.TrainIterator
   eval_batches: list[batching.Batch]  # This host's rows of every validation batch.
   eval_split: Split  # The validation split (its texts for validation BLEU).
   test: Split | None  # The test split when asked for, else None.
@@ -323,7 +325,7 @@ def load_run_data(data_config: Any, tokenizer: tokenizer_lib.Tokenizer, *, rows_
   """
   start = time.perf_counter()
   train_source, train_target = load_split(data_config, data_config.train_split)
-  train_iter = batching.TrainIterator.from_config(
+  train_iter = train_iterator.TrainIterator.from_config(
       data_config, encode(tokenizer, train_source), encode(tokenizer, train_target),
       pad_rows_to=rows_multiple, process_index=jax.process_index(), process_count=jax.process_count(),
       resegment=bpe_dropout_resegmenter(data_config, tokenizer, train_source, train_target))

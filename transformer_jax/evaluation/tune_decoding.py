@@ -21,11 +21,11 @@ from absl import logging
 from etils import epath
 import jax
 
-from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
-from transformer_jax import evaluate
-from transformer_jax import experiment
-from transformer_jax import input_pipeline
+from transformer_jax.data import input_pipeline
+from transformer_jax.evaluation import evaluate
+from transformer_jax.evaluation import selection
+from transformer_jax.training import experiment
 
 SWEEP_FILE = 'decoding_sweep.json'
 
@@ -132,7 +132,7 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
       if steps is None:
         params, steps = evaluate.load_params(config.eval, setup)
       else:
-        params = checkpoints_lib.average_checkpoints(setup.checkpoints, steps, setup.abstract_state().params)
+        params = selection.average_checkpoints(setup.checkpoints, steps, setup.abstract_state().params)
       with setup.mesh_context():
         for beam_size in beam_sizes:
           for alpha in alphas:

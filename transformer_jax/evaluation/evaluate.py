@@ -1,5 +1,5 @@
 """§6.1 evaluation: validation loss and BLEU, the test translation of the chosen checkpoints (`load_params`
-applies `checkpoints.select_params`), and the `--mode=evaluate` and `--mode=translate` entry points.
+applies `selection.select_params`), and the `--mode=evaluate` and `--mode=translate` entry points.
 
 BLEU is reported three ways (`bleu.all_bleu`): sacreBLEU on detokenised output (the headline), the tokenised
 BLEU with compound splitting that the paper's numbers use, and the lowercased, Moses-tokenised BLEU of the
@@ -18,20 +18,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import bleu
-from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
-from transformer_jax import experiment
-from transformer_jax import batching
-from transformer_jax import input_pipeline
-from transformer_jax import losses
-from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
-from transformer_jax import multi30k
 from transformer_jax import sharding
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
-from transformer_jax.experiment import Setup
+from transformer_jax.data import batching
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import multi30k
+from transformer_jax.evaluation import bleu
+from transformer_jax.evaluation import selection
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import experiment
+from transformer_jax.training import losses
+from transformer_jax.training import metrics as metrics_lib
+from transformer_jax.training import state as state_lib
+from transformer_jax.training.experiment import Setup
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -65,7 +66,7 @@ def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
               label_smoothing: float) -> dict[str, Array]:
   """Teacher-forced validation metrics for one batch, as sums (see `losses.smoothed_cross_entropy`)."""
   logits = model.apply({'params': params}, batch['source_tokens'], batch['decoder_input_tokens'],
-                       **experiment.model_inputs(batch), deterministic=True)
+                       **state_lib.model_inputs(batch), deterministic=True)
   return losses.smoothed_cross_entropy(logits, batch['target_tokens'], losses.target_weights(batch), label_smoothing)
 
 
@@ -169,7 +170,7 @@ def validation_bleu(config, setup: Setup, params, eval_split, step: int) -> dict
 
 
 def load_params(eval_config, setup: Setup):
-  """The parameters the final evaluation uses (§6.1): `checkpoints.select_params` of the run's checkpoint
+  """The parameters the final evaluation uses (§6.1): `selection.select_params` of the run's checkpoint
   managers, as eval.checkpoint_selection chooses (`eval_config` is config.eval).
 
   Returns:
@@ -179,8 +180,8 @@ def load_params(eval_config, setup: Setup):
   Raises:
     FileNotFoundError: if the workdir holds no checkpoint to choose from.
   """
-  return checkpoints_lib.select_params(eval_config, setup.checkpoints, setup.best_checkpoints,
-                                       setup.abstract_state().params)
+  return selection.select_params(eval_config, setup.checkpoints, setup.best_checkpoints,
+                                 setup.abstract_state().params)
 
 
 def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, test_split=None,
@@ -264,7 +265,7 @@ def _write_hypotheses(output_dir: str, split: str, target_lang: str, hypotheses:
 def _write_final_metrics(checkpoint_selection: str, output_dir: str, results: dict[str, float], steps: list[int],
                          params, run_info=None) -> None:
   """`<output_dir>/final_metrics.json`: the final evaluation's figures, the checkpoints they come from and the
-  parameter count of `params` (what transformer_jax.report reads)."""
+  parameter count of `params` (what transformer_jax.tools.report reads)."""
   if jax.process_index() == 0:
     num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     record = {key: float(value) for key, value in results.items()} | (run_info or {}) | {

@@ -35,7 +35,7 @@ import numpy as np
 from transformer_jax import errors
 from transformer_jax import layers
 from transformer_jax import model as model_lib
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.storage import workdir as workdir_lib
 
 QUANTIZATIONS = ('int8', 'int8_float32', 'float32', 'bfloat16')
 LAYER_NORM_EPSILON = 1e-6  # layers.make_norm's.
@@ -166,7 +166,7 @@ def export_ctranslate2(params: dict, cfg: model_lib.ModelConfig, vocabulary_file
       output_dir.
     errors.MissingPackageError: without the `ctranslate2` extra (`pip install -e '.[ctranslate2]'`).
   """
-  from transformer_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from transformer_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   if quantization not in QUANTIZATIONS:
     raise errors.ConfigError(f'export.quantization must be one of {QUANTIZATIONS}, got {quantization!r}')
   check_exportable(cfg)
@@ -200,9 +200,9 @@ def export_run(config, workdir: str, output_dir: str | None) -> str:
       `export_ctranslate2`.
     errors.MissingFileError: if the workdir holds no checkpoint.
   """
-  from transformer_jax import config_checks  # pylint: disable=g-import-not-at-top
-  from transformer_jax import evaluate  # pylint: disable=g-import-not-at-top
-  from transformer_jax import experiment  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
+  from transformer_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
+  from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
   if not output_dir:
     raise errors.ConfigError('--mode=export needs --output=DIR (a new folder for the CTranslate2 model)')
   if config.export.format != 'ctranslate2':

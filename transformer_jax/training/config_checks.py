@@ -11,17 +11,18 @@ from absl import logging
 from etils import epath
 import jax
 
-from transformer_jax import bleu
-from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import decoding
 from transformer_jax import errors
-from transformer_jax import input_pipeline
 from transformer_jax import model as model_lib
-from transformer_jax import multi30k
-from transformer_jax import optim
 from transformer_jax import sharding
-from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import input_pipeline
+from transformer_jax.data import multi30k
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.evaluation import bleu
+from transformer_jax.evaluation import selection
+from transformer_jax.storage import checkpoint_checks
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import optim
 
 
 def _require(ok: bool, key: str, value, allowed: str) -> None:
@@ -126,8 +127,8 @@ def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_siz
 
 
 def _validate_selection(eval_cfg, train_cfg) -> None:
-  _require(eval_cfg.checkpoint_selection in checkpoints_lib.SELECTIONS, 'eval.checkpoint_selection',
-           eval_cfg.checkpoint_selection, f'one of {checkpoints_lib.SELECTIONS}')
+  _require(eval_cfg.checkpoint_selection in selection.SELECTIONS, 'eval.checkpoint_selection',
+           eval_cfg.checkpoint_selection, f'one of {selection.SELECTIONS}')
   _require(_is_positive_int(eval_cfg.average_best_n), 'eval.average_best_n', eval_cfg.average_best_n,
            'a positive integer')
   _require(isinstance(eval_cfg.bleu_beam_size, int) and eval_cfg.bleu_beam_size >= 0, 'eval.bleu_beam_size',
@@ -233,7 +234,7 @@ def config_for_mode(config, workdir: str, mode: str):
   if not epath.Path(stored_path).is_file():
     raise errors.MissingFileError(f'--mode={mode}: {stored_path} does not exist: --workdir={workdir} holds no trained '
                                   'run (train first with --mode=train, or check the path)')
-  if not checkpoints_lib.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)):
+  if not checkpoint_checks.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)):
     raise errors.MissingFileError(
         f'--mode={mode}: no checkpoint in {workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)}'
         ': train first (--mode=train)')

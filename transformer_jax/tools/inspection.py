@@ -30,15 +30,16 @@ import sentencepiece as spm
 from tensorboardX import record_writer
 from tensorboardX.proto import event_pb2
 
-from transformer_jax import checkpoints
 from transformer_jax import errors
 from transformer_jax import layers
 from transformer_jax import model as model_lib
-from transformer_jax import optim
-from transformer_jax import summary
-from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax import translation
-from transformer_jax import workdir as workdir_lib
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.storage import checkpoint_checks
+from transformer_jax.storage import checkpoints
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.tools import summary
+from transformer_jax.training import optim
 
 PyTree = Any
 KINDS = ('encoder_self', 'decoder_self', 'encoder_decoder')
@@ -48,7 +49,7 @@ _SOWN = {'encoder_self': ('encoder', 'self_attention'), 'decoder_self': ('decode
 
 def checkpoint_steps(workdir: str | os.PathLike[str]) -> list[int]:
   """The committed checkpoint steps of a run, ascending ([] if none); reads only."""
-  return checkpoints.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS))
+  return checkpoint_checks.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS))
 
 
 def abstract_params(model_cfg: model_lib.ModelConfig) -> PyTree:

@@ -17,9 +17,9 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import batching
 from transformer_jax import errors
 from transformer_jax import sharding
+from transformer_jax.data import batching
 
 _MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes',
                   'generated_code_size_in_bytes')
@@ -117,7 +117,7 @@ def largest_batch_shape(data_config, num_shards: int) -> tuple[int, int]:
   The longest bucket has the fewest rows but the largest attention matrices (batch * length^2 per head, i.e.
   tokens_per_batch * length), so it bounds the step's memory; packed batches use the same row length. Its
   tokens_per_batch // length rows are padded to a multiple of num_shards (data shards x train.grad_accum_steps),
-  as `batching.TrainIterator` pads them.
+  as `train_iterator.TrainIterator` pads them.
 
   Raises:
     ValueError: if the batch size rounds down to 0 (see `batching.batch_size_for`).
@@ -149,7 +149,7 @@ def check_train_step(setup, train_fn, data_config, shapes: Sequence[tuple[int, i
     setup: the `experiment.Build` (or `Setup`).
     train_fn: the jitted step training runs (`train.jit_train_step` for `setup.state_sharding()`).
     data_config: config.data (the batch fields and, without `shapes`, the largest batch).
-    shapes: the global [batch, length] shapes training will feed (`batching.TrainIterator.shapes`); the
+    shapes: the global [batch, length] shapes training will feed (`train_iterator.TrainIterator.shapes`); the
       longest (then the widest) is checked. None: `largest_batch_shape` of the config, for the data unseen.
 
   Returns:

@@ -32,21 +32,22 @@ import numpy as np
 import optax
 import tensorboardX
 
-from transformer_jax import checkpoints as checkpoints_lib
 from transformer_jax import errors
-from transformer_jax import evaluate as evaluate_lib
-from transformer_jax import experiment
-from transformer_jax import flops as flops_lib
-from transformer_jax import goodput
-from transformer_jax import input_pipeline
-from transformer_jax import losses
-from transformer_jax import memory
-from transformer_jax import metrics as metrics_lib
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
-from transformer_jax import workdir as workdir_lib
-from transformer_jax.experiment import Setup
-from transformer_jax.experiment import TrainState
+from transformer_jax.data import input_pipeline
+from transformer_jax.evaluation import evaluate as evaluate_lib
+from transformer_jax.evaluation import selection
+from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.training import experiment
+from transformer_jax.training import flops as flops_lib
+from transformer_jax.training import goodput
+from transformer_jax.training import losses
+from transformer_jax.training import memory
+from transformer_jax.training import metrics as metrics_lib
+from transformer_jax.training import state as state_lib
+from transformer_jax.training.experiment import Setup
+from transformer_jax.training.state import TrainState
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -90,7 +91,7 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
 
   def loss_fn(params, micro_batch, rng):
     features = model.apply({'params': params}, micro_batch['source_tokens'], micro_batch['decoder_input_tokens'],
-                           **experiment.model_inputs(micro_batch), deterministic=False, rngs={'dropout': rng},
+                           **state_lib.model_inputs(micro_batch), deterministic=False, rngs={'dropout': rng},
                            method='features')
     sums = losses.fused_smoothed_cross_entropy(
         features, params['shared_embedding']['embedding'], micro_batch['target_tokens'],
@@ -276,8 +277,8 @@ def _restore_or_init(setup: Setup, data: input_pipeline.RunData, seed: int) -> T
   newest = setup.checkpoints.latest_step()
   restored = setup.checkpoints.restore_latest(abstract)
   if restored is None:
-    state, _ = experiment.sharded_train_state(jax.random.key(seed), setup.model, setup.tx,
-                                              setup.device_batch(data.eval_batches[0]), setup.mesh, setup.rules)
+    state, _ = state_lib.sharded_train_state(jax.random.key(seed), setup.model, setup.tx,
+                                             setup.device_batch(data.eval_batches[0]), setup.mesh, setup.rules)
     return state
   if restored.step != newest:
     setup.checkpoints.set_aside_newer_than(restored.step,
@@ -326,7 +327,7 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
       if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
         scores = evaluate_lib.validation_bleu(config, setup, state.params, data.eval_split, step)
         metrics_lib.write_scalars(writer, step, scores, 'eval')
-        checkpoints_lib.save_best(setup.best_checkpoints, step, state.params, scores['bleu'])
+        selection.save_best(setup.best_checkpoints, step, state.params, scores['bleu'])
     with timeline.stage('checkpoint'):
       setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:

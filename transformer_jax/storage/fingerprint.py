@@ -1,0 +1,105 @@
+"""What a run folder must agree with to be resumed or evaluated: the config fingerprint stored with every
+checkpoint, and the vocabulary's SHA-256.
+
+`open_checkpoints` and `open_best_checkpoints` open the run's `checkpoints.CheckpointManager`s with the
+fingerprint (the architecture, the vocabulary size and the languages): a workdir holding a run with another one
+raises errors.ConfigError before anything is written. `_FIELDS_ADDED_LATER` is its migration table, which keeps
+checkpoints written before a model field existed resumable. `check_vocabulary` refuses a vocabulary file other
+than the one the run trained with (`vocabulary.sha256`, written by `record_vocabulary_hash`).
+`training/experiment.setup` calls them before it writes anything.
+"""
+import dataclasses
+import hashlib
+
+from etils import epath
+import jax
+
+from transformer_jax import errors
+from transformer_jax import model as model_lib
+from transformer_jax.storage import checkpoints as checkpoints_lib
+from transformer_jax.storage import workdir as workdir_lib
+
+
+def _vocabulary_paths(config, workdir: str) -> tuple[epath.Path, epath.Path]:
+  """(the vocabulary file, the file recording its SHA-256)."""
+  return (epath.Path(workdir_lib.path(workdir, workdir_lib.vocabulary_file(config.data.vocab_size))),
+          epath.Path(workdir_lib.path(workdir, workdir_lib.VOCABULARY_HASH)))
+
+
+def check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointManager) -> None:
+  """The run's vocabulary must be the one it trained with: a new one would index other pieces.
+
+  Raises:
+    errors.MissingFileError: naming the missing file and the checkpoint step, when checkpoints exist without it.
+    errors.ConfigError: naming the file and both hashes, when it differs from the one the run recorded
+      (`vocabulary.sha256`, written by `record_vocabulary_hash`).
+  """
+  vocabulary, recorded = _vocabulary_paths(config, workdir)
+  expected = recorded.read_text().strip() if recorded.exists() else None
+  if not vocabulary.exists():
+    latest = manager.latest_step()
+    if latest is not None:
+      raise errors.MissingFileError(
+          f'{vocabulary} is missing, but {workdir} holds checkpoints up to step {latest} trained with it'
+          f'{f" (SHA-256 {expected})" if expected else ""}. A new vocabulary would index other pieces: restore '
+          'the file, or train in another --workdir.')
+    return
+  actual = hashlib.sha256(vocabulary.read_bytes()).hexdigest()
+  if expected is not None and actual != expected:
+    raise errors.ConfigError(
+        f'{vocabulary} has SHA-256 {actual}, but this run was trained with the vocabulary of SHA-256 '
+        f'{expected} ({recorded}): its embeddings would index other pieces. Restore the original '
+        'file, or train in another --workdir.')
+
+
+def record_vocabulary_hash(config, workdir: str) -> None:
+  """Writes `vocabulary.sha256` when the run has none (a new run, or one older than the record)."""
+  vocabulary, recorded = _vocabulary_paths(config, workdir)
+  if not recorded.exists() and jax.process_index() == 0:
+    recorded.write_text(hashlib.sha256(vocabulary.read_bytes()).hexdigest() + '\n')
+
+
+def open_checkpoints(config, workdir: str,
+                     model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
+  """The checkpoint manager of `workdir`.
+
+  The fingerprint stored with every checkpoint is what a run must agree with to resume or evaluate it: the
+  architecture (not the compute or attention-product dtype, attention implementation or rematerialisation,
+  which change no parameter), the vocabulary size and the languages.
+
+  Raises:
+    errors.ConfigError: if `workdir` holds a run with another fingerprint (nothing is written then).
+  """
+  return checkpoints_lib.CheckpointManager(
+      workdir, max_to_keep=config.train.max_checkpoints_to_keep,
+      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=_fingerprint(config, model_cfg))
+
+
+def open_best_checkpoints(config, workdir: str,
+                          model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
+  """`<workdir>/best_checkpoints`: the eval.average_best_n checkpoints with the highest validation BLEU.
+
+  Each holds {'params': ...} only (no optimiser state) and the metric `bleu` it was chosen by.
+
+  Raises:
+    errors.ConfigError: if `workdir` holds a run with another fingerprint.
+  """
+  return checkpoints_lib.CheckpointManager(
+      workdir, max_to_keep=config.eval.average_best_n, fingerprint=_fingerprint(config, model_cfg),
+      subdir=workdir_lib.BEST_CHECKPOINTS, best_metric='bleu')
+
+
+# ModelConfig fields added after checkpoints existed: left out of the fingerprint at their defaults, so that
+# those checkpoints (whose fingerprints lack them) still resume and evaluate.
+_FIELDS_ADDED_LATER = {'norm': 'layer_norm', 'feed_forward': 'relu', 'num_kv_heads': None}
+
+
+def _fingerprint(config, model_cfg: model_lib.ModelConfig) -> dict:
+  model = dataclasses.asdict(model_cfg) | {'dtype': None, 'attention_impl': None, 'remat': None}
+  del model['attention_product_dtype'], model['decoding_kernel']  # Change no parameter; absent from older
+  # fingerprints, so left out.
+  model = {key: value for key, value in model.items()
+           if key not in _FIELDS_ADDED_LATER or value != _FIELDS_ADDED_LATER[key]}
+  return {'model': model,
+          'data': {'vocab_size': model_cfg.vocab_size, 'source_lang': config.data.source_lang,
+                   'target_lang': config.data.target_lang}}
