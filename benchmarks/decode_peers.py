@@ -13,7 +13,7 @@ pool); CTranslate2 with `intra_threads` in turn from --threads. Rounds alternate
 the machine does falls on all of them alike; the first call of ours (compilation) is timed apart.
 Prints one JSON line per decoder (median and fastest sentences/s over the rounds); run it alone.
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.

@@ -14,7 +14,7 @@ need, and a decoding step's time by batch size.
 Prints one JSON line per measurement; run it alone on the machine (the figures are times). docs/performance.md
 (session 14) has what it measured.
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.

@@ -10,7 +10,7 @@ logits and embedding; the rest is the search's own work: scores, top-k, reorders
 metadata as `profile_step.py` does. Prints the busiest ops and one JSON line per setting. docs/performance.md
 (session 16) has what it measured; run it alone on the machine (the figures are times).
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.

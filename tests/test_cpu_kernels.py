@@ -1,4 +1,4 @@
-"""The C++ decoding kernels (cpu_kernels): the XLA path's numbers, and the same translations."""
+"""The C++ decoding kernels (transformer_jax.cpu.kernels): the XLA path's numbers, and the same translations."""
 import os
 import shutil
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 
 from tests.test_evaluate import SOURCE, init_params, make_model
 from transformer_jax import attention
-from transformer_jax import cpu_kernels
+from transformer_jax.cpu import kernels as cpu_kernels
 from transformer_jax import decoding
 from transformer_jax import model as model_lib
 from transformer_jax import translation
@@ -186,7 +186,7 @@ def test_a_cached_build_that_does_not_load_is_built_again(monkeypatch, tmp_path)
   size = library.stat().st_size
   library.write_bytes(library.read_bytes()[:100])
   # A new process (XLA keeps one library per kernel name in a process, so not this one).
-  subprocess.run([sys.executable, '-c', 'from transformer_jax import cpu_kernels; cpu_kernels.load()'],
+  subprocess.run([sys.executable, '-c', 'from transformer_jax.cpu import kernels; kernels.load()'],
                  check=True, env=os.environ | {'JAX_PLATFORMS': 'cpu'})
   assert library.stat().st_size == size
 

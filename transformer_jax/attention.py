@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import cpu_kernels
+from transformer_jax.cpu import kernels as cpu_kernels
 from transformer_jax import numerics
 from transformer_jax import sharding
 

@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import cpu_kernels
+from transformer_jax.cpu import kernels as cpu_kernels
 from transformer_jax import decoding
 from transformer_jax import model as model_lib
 from transformer_jax import tokenizer as tokenizer_lib

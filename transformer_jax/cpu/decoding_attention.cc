@@ -1,5 +1,5 @@
 // The CPU kernels of a beam-search step (§3.2, §6.1) as XLA FFI custom calls, built and registered by
-// transformer_jax/cpu_kernels.py, whose functions document the arguments. Why they exist (docs/performance.md,
+// transformer_jax/cpu/kernels.py, whose functions document the arguments. Why they exist (docs/performance.md,
 // session 16): on XLA:CPU a step spent most of its time copying the bf16 self-attention cache through float32
 // (the beam reorder's gather, the write of the step's position, the one-query products) and passing five times
 // over the logits.
