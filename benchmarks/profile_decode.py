@@ -64,11 +64,13 @@ def main() -> None:
   source[:, -1] = tokenizer_lib.EOS_ID
   for kernel in args.decoding_kernel.split(','):
     model = model_lib.Transformer(dataclasses.replace(setup.model.cfg, decoding_kernel=kernel))
+    backend = translation.decoding_backend(model.cfg)
     cast = model_lib.params_in_compute_dtype(params, model.cfg)  # As translation.decode_all does.
     state, context = translation._start_jit(  # pylint: disable=protected-access
-        cast, jnp.asarray(source), model=model, beam_size=4, extra_length=50, max_steps=66,
+        cast, jnp.asarray(source), model=model, backend=backend, beam_size=4, extra_length=50, max_steps=66,
         cache_length=args.cache_length, greedy=False)
-    options = dict(model=model, alpha=0.6, early_stopping='bound', cache_length=args.cache_length)
+    options = dict(model=model, backend=backend, alpha=0.6, early_stopping='bound',
+                   cache_length=args.cache_length)
     run = lambda: jax.block_until_ready(translation._continue_jit(  # pylint: disable=protected-access
         cast, state, context, args.steps, **options))
     run()

@@ -6,7 +6,8 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'transformer_jax'
-MODULES = sorted(PACKAGE.glob('*.py'))
+MODULES = sorted(PACKAGE.rglob('*.py'))  # Sub-packages (transformer_jax/cpu) included.
+MODULE_ID = lambda path: str(path.relative_to(PACKAGE))
 # Methods whose contract is the framework's (flax calls them), documented by their class.
 FRAMEWORK_METHODS = {'setup', '__call__', '__init__', '__enter__', '__exit__', 'filter'}
 
@@ -35,7 +36,7 @@ def raises_directly(function: ast.FunctionDef) -> bool:
   return found
 
 
-@pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize('path', MODULES, ids=MODULE_ID)
 def test_public_definitions_have_docstrings_that_name_what_they_raise(path):
   assert ast.get_docstring(ast.parse(path.read_text())), f'{path.name} has no module docstring'
   undocumented, no_raises = [], []
@@ -49,7 +50,7 @@ def test_public_definitions_have_docstrings_that_name_what_they_raise(path):
   assert not no_raises, f'{path.name}: raises without a Raises: section: {no_raises}'
 
 
-@pytest.mark.parametrize('path', MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize('path', MODULES, ids=MODULE_ID)
 def test_docstrings_do_not_point_outside_the_repository(path):
   for name, node in [('module', ast.parse(path.read_text()))] + list(public_definitions(path)):
     assert '../shared/' not in (ast.get_docstring(node) or '').replace('../shared/data/', ''), (path.name, name)
@@ -58,5 +59,6 @@ def test_docstrings_do_not_point_outside_the_repository(path):
 def test_readme_layout_lists_every_module():
   readme = (PACKAGE.parent / 'README.md').read_text()
   layout = readme[readme.index('## Layout'):]
-  missing = [path.name for path in MODULES if path.name != '__init__.py' and f'| `{path.name}` |' not in layout]
+  missing = [path.name for path in PACKAGE.glob('*.py')
+             if path.name != '__init__.py' and f'| `{path.name}` |' not in layout]
   assert not missing, f"README's layout table lacks {missing}"

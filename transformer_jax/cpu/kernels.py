@@ -18,8 +18,8 @@ arguments are allowed and a path with spaces must be quoted; else `c++` or `g++`
 (`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default ~/.cache/transformer_jax/kernels), keyed by
 the source, compiler command, flags, compiler version, jaxlib version and CPU, and registered with XLA for the
 CPU platform; a cached build that no longer loads is built again. Without a compiler, `available()` is False
-(the first failure is logged with its reason) and the model decodes with the XLA path
-(`ModelConfig.decoding_kernel`).
+(the first failure is logged with its reason) and decoding uses the XLA path. The kernels reach a search only
+through `backend.CpuDecoding`.
 """
 import ctypes
 import hashlib
@@ -160,31 +160,6 @@ def available() -> bool:
   except KernelUnavailable:
     return False
   return True
-
-
-def wanted(setting: str) -> bool:
-  """Whether to decode with these kernels for a `ModelConfig.decoding_kernel` setting: 'cpu' yes (building
-  them: raises KernelUnavailable where that fails), 'xla' no, 'auto' where JAX's default backend is a single
-  CPU device and the kernels build.
-
-  Raises:
-    ValueError: for another setting, or 'cpu' where JAX's default backend is not the CPU.
-  """
-  if setting == 'cpu':
-    if jax.default_backend() != 'cpu':
-      raise ValueError(f"model.decoding_kernel='cpu' runs on CPUs only; JAX's default backend is "
-                       f"{jax.default_backend()!r} (use 'auto' or 'xla')")
-    try:
-      load()
-    except KernelUnavailable as e:
-      raise KernelUnavailable(f"model.decoding_kernel='cpu', but the C++ kernels cannot be built here ('auto' "
-                              f"decodes with XLA where they cannot, 'xla' always): {e}") from e
-    return True
-  if setting == 'xla':
-    return False
-  if setting != 'auto':
-    raise ValueError(f"decoding_kernel must be 'auto', 'cpu' or 'xla', got {setting!r}")
-  return jax.default_backend() == 'cpu' and jax.device_count() == 1 and available()
 
 
 def cross_attention(query: Array, key: Array, value: Array, valid: Array) -> Array:
