@@ -1,8 +1,13 @@
 """The C++ decoding kernels (transformer_jax.cpu): the XLA path's numbers, the same translations, and the
 backend that is their only way into a search."""
 import contextlib
+import ctypes
+import hashlib
+import logging
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -329,3 +334,116 @@ def test_weights_cast_before_the_search_decode_the_same(kernel, request):
   for got, expected in zip(decode(cast), decode(params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
+
+@pytest.fixture(name='no_loading')
+def fixture_no_loading(monkeypatch, tmp_path):
+  """A kernel cache folder of the test's own (not yet created) as $TRANSFORMER_JAX_KERNEL_CACHE, load() not yet
+  tried in this process, and the dynamic loader and the compiler replaced by recorders: (folder, the paths
+  given to ctypes to load, the libraries the compiler was asked to build). The stub compiler fails."""
+  directory = tmp_path / 'kernels'
+  monkeypatch.setenv(kernels.CACHE_ENV, str(directory))
+  monkeypatch.setattr(kernels, '_loaded', None)
+  loaded, built = [], []
+  monkeypatch.setattr(ctypes.cdll, 'LoadLibrary', loaded.append)
+
+  def compile_stub(compiler, library):
+    del compiler
+    built.append(library)
+    raise kernels.KernelUnavailable('compiler stubbed out by the test')
+  monkeypatch.setattr(kernels, '_compile', compile_stub)
+  return directory, loaded, built
+
+
+def refusal_lines(caplog) -> list[str]:
+  return [r.getMessage() for r in caplog.records if r.name == kernels.__name__]
+
+
+@pytest.mark.parametrize('mode', [0o777, 0o775, 0o757], ids=oct)
+def test_a_kernel_cache_others_may_write_is_refused(no_loading, caplog, monkeypatch, mode):
+  """A world- or group-writable kernel cache (a library planted there would be loaded): nothing in it is loaded
+  or built, one log line names the folder and the mend, and 'auto' decodes with XLA."""
+  directory, loaded, built = no_loading
+  directory.mkdir()
+  directory.chmod(mode)
+  (directory / 'decoding_attention-0123456789abcdef.so').write_bytes(b'planted')
+  with caplog.at_level(logging.WARNING, logger=kernels.__name__):
+    mend = re.escape(f'chmod 700 {directory}')
+    with pytest.raises(kernels.KernelUnavailable, match=f'group or others may write it.*{mend}'):
+      kernels.load()
+    monkeypatch.setattr(jax, 'device_count', lambda: 1)
+    assert translation.decoding_backend(make_model(decoding_kernel='auto').cfg) == translation.XlaDecoding()
+  assert loaded == [] and built == []
+  line, = refusal_lines(caplog)
+  assert f'refusing the kernel cache {directory}' in line and f'chmod 700 {directory}' in line
+
+
+def test_a_kernel_cache_of_another_user_is_refused(no_loading, caplog, monkeypatch):
+  directory, loaded, built = no_loading
+  directory.mkdir(mode=0o700)
+  uid = os.getuid()
+  monkeypatch.setattr(os, 'getuid', lambda: uid + 1)
+  with caplog.at_level(logging.WARNING, logger=kernels.__name__):
+    assert not kernels.available()
+  assert loaded == [] and built == []
+  line, = refusal_lines(caplog)
+  assert f'owner uid {uid}' in line and kernels.CACHE_ENV in line
+
+
+def test_a_new_kernel_cache_is_created_private(no_loading):
+  directory, loaded, _ = no_loading
+  assert not kernels.available()  # The stub compiler fails after the folder is made.
+  assert stat.S_IMODE(directory.stat().st_mode) == 0o700 and loaded == []
+
+
+@pytest.mark.parametrize('record', ['none', 'another digest', 'group-writable'])
+def test_a_foreign_library_at_the_expected_name_is_never_loaded(no_loading, record):
+  """A library at the name this build would have, without a record of this user that matches it (none, the
+  digest of other bytes, or the right digest in a file others may write), is built again, never loaded."""
+  directory, loaded, built = no_loading
+  try:
+    compiler = kernels._compiler()
+    library = kernels._library_path(directory, compiler)  # Runs the compiler's --version.
+  except kernels.KernelUnavailable:
+    pytest.skip('no C++ compiler here')
+  directory.mkdir(mode=0o700)
+  library.write_bytes(b'\x7fELF planted')
+  if record != 'none':
+    digest = hashlib.sha256(b'other bytes' if record == 'another digest' else library.read_bytes()).hexdigest()
+    kernels._record(library).write_text(digest + '\n')
+    kernels._record(library).chmod(0o664 if record == 'group-writable' else 0o600)
+  with pytest.raises(kernels.KernelUnavailable, match='compiler stubbed out'):
+    kernels.load()
+  assert loaded == [] and built == [library]
+
+
+_PLANTED = r'''
+#include <cstdio>
+#include <cstdlib>
+__attribute__((constructor)) static void Planted() {
+  if (std::FILE* f = std::fopen(std::getenv("PLANTED_MARKER"), "w")) std::fclose(f);
+}
+'''
+
+
+@pytest.mark.integration
+def test_a_planted_library_is_built_again_not_loaded(tmp_path):
+  """A real library planted at the expected name, whose loading would be seen (its constructor writes a file):
+  a fresh process that loads the kernels never runs it, and replaces it with a verified build."""
+  compiler = shutil.which('g++') or shutil.which('c++')
+  if not compiler:
+    pytest.skip('no C++ compiler here')
+  directory, marker, source, planted = (tmp_path / name for name in ('kernels', 'marker', 'planted.cc', 'planted.so'))
+  directory.mkdir(mode=0o700)
+  env = os.environ | {kernels.CACHE_ENV: str(directory), 'PLANTED_MARKER': str(marker), 'CXX': compiler,
+                      'JAX_PLATFORMS': 'cpu'}
+  source.write_text(_PLANTED)
+  subprocess.run([compiler, '-shared', '-fPIC', str(source), '-o', str(planted)], check=True)
+  subprocess.run([sys.executable, '-c', 'import ctypes, sys; ctypes.CDLL(sys.argv[1])', str(planted)], env=env,
+                 check=True)
+  assert marker.exists()  # Loading it is seen.
+  marker.unlink()
+  library = kernels._library_path(directory, [compiler])
+  shutil.copy(planted, library)
+  subprocess.run([sys.executable, '-c', 'from transformer_jax.cpu import kernels; kernels.load()'], env=env,
+                 check=True)
+  assert not marker.exists() and kernels._verified(library)
