@@ -11,7 +11,7 @@ whatever else the machine does falls on all of them alike. Prints each variant's
 (milliseconds per step) and its ratio to the first variant's median; the last line is one JSON object.
 Run it with nothing else on the machine where possible; alternation protects the ratio, not the absolutes.
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.

@@ -13,7 +13,7 @@ pool); CTranslate2 with `intra_threads` in turn from --threads. Rounds alternate
 the machine does falls on all of them alike; the first call of ours (compilation) is timed apart.
 Prints one JSON line per decoder (median and fastest sentences/s over the rounds); run it alone.
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
@@ -68,8 +68,9 @@ def main() -> None:
   for kernel in args.decoding_kernel.split(','):
     name = 'ours' if kernel == 'auto' else f'ours_{kernel}'
     kernel_model = model_lib.Transformer(dataclasses.replace(cfg, decoding_kernel=kernel))
-    decode = jax.jit(lambda p, s, m=kernel_model: translation.decode_batch(p, s, model=m, beam_size=beam, alpha=alpha,
-                                                                           extra_length=extra))
+    backend = translation.decoding_backend(kernel_model.cfg)  # On the host, before the search is traced.
+    decode = jax.jit(lambda p, s, m=kernel_model, b=backend: translation.decode_batch(
+        p, s, model=m, beam_size=beam, alpha=alpha, extra_length=extra, backend=b))
     start = time.perf_counter()
     tokens[name] = np.asarray(jax.block_until_ready(decode(params, source_device)))
     first_call[name] = time.perf_counter() - start

@@ -12,9 +12,9 @@ need, and a decoding step's time by batch size.
    32-position self-attention cache) at 8 ... 256 sentences of 16 random source tokens, fastest of 3 calls:
    ms per step and microseconds per hypothesis-step.
 Prints one JSON line per measurement; run it alone on the machine (the figures are times). docs/performance.md
-(session 14) has what it measured.
+has what it measured (2026-12-03, 2-vCPU Intel Xeon with AMX).
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
@@ -60,14 +60,15 @@ def step_times(setup, params, beam_size: int, alpha: float, steps: int = 24, cac
   """A decoding loop's ms per step at several batch sizes (see the module docstring)."""
   rng = np.random.default_rng(0)
   rows = []
+  backend = translation.decoding_backend(setup.model.cfg)
   for batch_size in (8, 16, 32, 64, 128, 256):
     source = rng.integers(tokenizer_lib.EOS_ID + 1, setup.model.cfg.vocab_size, (batch_size, 16)).astype(np.int32)
     source[:, -1] = tokenizer_lib.EOS_ID
     state, context = translation._start_jit(  # pylint: disable=protected-access
-        params, jnp.asarray(source), model=setup.model, beam_size=beam_size, extra_length=50, max_steps=66,
-        cache_length=cache_length, greedy=False)
+        params, jnp.asarray(source), model=setup.model, backend=backend, beam_size=beam_size, extra_length=50,
+        max_steps=66, cache_length=cache_length, greedy=False)
     run = lambda: jax.block_until_ready(translation._continue_jit(  # pylint: disable=protected-access
-        params, state, context, steps, model=setup.model, alpha=alpha, early_stopping='bound',
+        params, state, context, steps, model=setup.model, backend=backend, alpha=alpha, early_stopping='bound',
         cache_length=cache_length))
     run()
     seconds = []

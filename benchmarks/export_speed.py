@@ -12,7 +12,7 @@ log-probability / length) and at most the longest source + decode.extra_length t
 decode.concurrent_batches).
 Prints one JSON line per row; run it alone on the machine.
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 rounds="${1:-1}"
 tools=../shared/tools
 torch_python="${TORCH_PYTHON:-python}"
-# Ours runs under tcmalloc where installed (transformer_jax/host_allocator.py); PyTorch gets a row with it too.
+# Ours runs under tcmalloc where installed (transformer_jax/cpu/host_allocator.py); PyTorch gets a row with it too.
 tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 torch_tcmalloc() {  # name, torch_ref.py arguments...: only where the library is installed.
   local name=$1; shift

@@ -8,9 +8,10 @@ over a --cache_length-position self-attention cache, times it untraced (fastest 
 sums the XLA ops' time per step by part of the model (self-attention, encoder-decoder attention, feed-forward,
 logits and embedding; the rest is the search's own work: scores, top-k, reorders), through the ops' `op_name`
 metadata as `profile_step.py` does. Prints the busiest ops and one JSON line per setting. docs/performance.md
-(session 16) has what it measured; run it alone on the machine (the figures are times).
+has what it measured (2026-12-03, 2-vCPU Intel Xeon with AMX); run it alone on the machine (the figures are
+times).
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.
@@ -64,11 +65,13 @@ def main() -> None:
   source[:, -1] = tokenizer_lib.EOS_ID
   for kernel in args.decoding_kernel.split(','):
     model = model_lib.Transformer(dataclasses.replace(setup.model.cfg, decoding_kernel=kernel))
+    backend = translation.decoding_backend(model.cfg)
     cast = model_lib.params_in_compute_dtype(params, model.cfg)  # As translation.decode_all does.
     state, context = translation._start_jit(  # pylint: disable=protected-access
-        cast, jnp.asarray(source), model=model, beam_size=4, extra_length=50, max_steps=66,
+        cast, jnp.asarray(source), model=model, backend=backend, beam_size=4, extra_length=50, max_steps=66,
         cache_length=args.cache_length, greedy=False)
-    options = dict(model=model, alpha=0.6, early_stopping='bound', cache_length=args.cache_length)
+    options = dict(model=model, backend=backend, alpha=0.6, early_stopping='bound',
+                   cache_length=args.cache_length)
     run = lambda: jax.block_until_ready(translation._continue_jit(  # pylint: disable=protected-access
         cast, state, context, args.steps, **options))
     run()

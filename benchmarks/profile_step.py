@@ -12,7 +12,7 @@ op time can exceed wall time; tracing itself slows the step, so compare shares, 
 step's wall time while traced, then per part its op time per step, its share and its busiest ops; the last
 line is one JSON object. Run it alone on the machine: the figures are times.
 """
-from transformer_jax import host_allocator  # pylint: disable=g-bad-import-order
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-bad-import-order
 from transformer_jax import logs  # pylint: disable=g-bad-import-order
 
 if __name__ == '__main__':  # Before JAX starts, as `python -m transformer_jax.main` does.

@@ -54,8 +54,8 @@ def get_config() -> ml_collections.ConfigDict:
       # The dtype of Q K^T and weights x V: 'compute' (= dtype) or 'float32' (CPU configs: XLA:CPU has no fast
       # batched bf16 product). Changes no parameter; the self-attention decoding cache holds K, V in dtype.
       attention_product_dtype='compute',
-      # A decoding step's attention and beam scores: 'auto' (the C++ CPU kernels of cpu_kernels on a single CPU
-      # device where a C++ compiler builds them, else XLA), 'cpu' (the kernels, or an error) or 'xla'. Same
+      # A decoding step's attention and beam scores: 'auto' (the C++ kernels of transformer_jax.cpu on a single
+      # CPU device where a C++ compiler builds them, else XLA), 'cpu' (the kernels, or an error) or 'xla'. Same
       # numbers up to float32 summation order (test_2016_flickr: the same BLEU).
       decoding_kernel='auto',
   ))

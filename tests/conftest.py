@@ -16,7 +16,7 @@ atexit.register(shutil.rmtree, os.environ['TFDS_DATA_DIR'], True)
 # `main`'s persistent compilation cache (in-process and subprocess runs) in a folder of this session, not ~/.cache.
 os.environ['TRANSFORMER_JAX_COMPILATION_CACHE'] = tempfile.mkdtemp(prefix='xla_cache_tests_')
 atexit.register(shutil.rmtree, os.environ['TRANSFORMER_JAX_COMPILATION_CACHE'], True)
-# The C++ decoding kernel (cpu_kernels), built once per test session into a folder of its own.
+# The C++ decoding kernels (transformer_jax.cpu.kernels), built once per test session into a folder of its own.
 os.environ['TRANSFORMER_JAX_KERNEL_CACHE'] = tempfile.mkdtemp(prefix='kernels_tests_')
 atexit.register(shutil.rmtree, os.environ['TRANSFORMER_JAX_KERNEL_CACHE'], True)
 

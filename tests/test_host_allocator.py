@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.host_allocator: the command runs under tcmalloc where it is installed (re-executed
+"""Tests for transformer_jax.cpu.host_allocator: the command runs under tcmalloc where it is installed (re-executed
 with its own arguments, once), else with glibc's malloc tuned; a bad choice is refused by name."""
 import json
 import os
@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from transformer_jax import host_allocator
+from transformer_jax.cpu import host_allocator
 
 # Prints what use_fast_allocator chose, whether tcmalloc is mapped, the arguments and how often it started.
 _PROBE = """
 import json, os, sys
-from transformer_jax import host_allocator
+from transformer_jax.cpu import host_allocator
 if len(sys.argv) > 3:
   host_allocator.TCMALLOC_PATHS = (sys.argv[3],)
 starts = int(os.environ.get('PROBE_STARTS', '0')) + 1

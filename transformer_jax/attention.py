@@ -10,7 +10,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import cpu_kernels
 from transformer_jax import numerics
 from transformer_jax import sharding
 
@@ -111,7 +110,7 @@ def decoding_attention(query: Array, cached_key: Array, cached_value: Array, mas
   stored, [batch, kv_heads, max_len, d], and the query heads that share a key/value head are the rows of one
   product. The layout matters on XLA:CPU beyond speed: with grouped-query attention in bf16, the generic
   layout's weights x V product became a plain bf16 dot that XLA:CPU cannot run ("Unsupported element type for
-  DotThunk::Execute: BF16 x BF16 = F32"; Table 3's F7 row, session 15).
+  DotThunk::Execute: BF16 x BF16 = F32"; Table 3's F7 row).
 
   Args:
     query: [batch, 1, num_heads, d_k], compute dtype.
@@ -166,25 +165,28 @@ def fused_dot_product_attention(query: Array, key: Array, value: Array, mask: Ar
 
 
 class MultiHeadAttention(nn.Module):
-  """Multi-head attention, Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V) (§3.2.2).
 
-  §3.2.2, with num_heads, d_k and d_v independent (Table 3 rows A and B). The projections have no bias,
-  as in the paper's equations. In decoding mode (`use_cache=True`) a self-attention layer appends each step's
-  key and value to a cache; a cross-attention layer projects the encoder output once per sentence and keeps
-  the result in the cache (`cross_attention=True`). Cached keys and values are stored heads-first,
-  [batch, num_heads, length, d_k or d_v]: the layout the per-step attention products read in place (stored
-  [batch, length, num_heads, d], XLA:CPU transposed the whole cache at every step, 4x slower).
+  num_heads, d_k and d_v are independent (Table 3 rows A and B); the projections have no bias, as in the
+  paper's equations. Training and teacher-forced passes are `__call__` alone. Incremental decoding
+  (`use_cache=True`) keeps keys and values in the 'cache' collection: the first call (`Transformer.init_cache`)
+  runs `create_cache`, every later call one step, `self_attention_step` (the step's key and value appended,
+  attention over the positions so far, §3.2.3's masking) or `cross_attention_step` (the encoder output's keys
+  and values, projected once per sentence). Cached keys and values are stored heads-first, [batch, kv_heads,
+  length, d_k or d_v], the layout the one-query products read in place (stored [batch, length, kv_heads, d],
+  XLA:CPU transposed the whole cache at every step). Those three methods are this layer's decoding contract: a
+  decoding backend may replace them (`translation.decoding_backend`); the parameters are the same either way.
 
   Attributes:
     num_heads: h.
     d_k: query/key size per head.
     d_v: value size per head.
-    dropout_rate: dropout on the attention weights (not in the paper).
+    dropout_rate: dropout on the attention weights (not in the paper; 0 by default).
     cross_attention: keys and values come from `memory` (encoder-decoder attention, §3.2.3).
     dtype: compute dtype; parameters are float32.
-    attention_impl: 'xla' (einsum; returns weights for inspection) or 'fused'. A decoding step of
-      self-attention uses `decoding_attention` (einsum, weights returned) either way, or
-      `cpu_kernels.decoding_self_attention` under `decoding_kernel` (no weights).
+    attention_impl: 'xla' (`dot_product_attention`; sows the weights for inspection) or 'fused'
+      (`fused_dot_product_attention`; used where dropout_rate is 0). A self-attention decoding step uses
+      `decoding_attention` either way.
     num_kv_heads: heads of W^K and W^V (None: num_heads). Fewer is multi-query (1) or grouped-query
       attention; the decoding cache then holds num_kv_heads heads. Their head axis is the logical
       KV_HEADS, replicated by the default rules (a count below mesh.tensor could not be split), while
@@ -196,14 +198,6 @@ class MultiHeadAttention(nn.Module):
       sentence); the self-attention cache holds them in `dtype`, as the projections produce them: a float32
       copy of bf16 values holds no more information, and beam search reorders that cache at every step
       (its costliest part), which copies half the bytes in bf16.
-    decoding_kernel: how a decoding step's attention runs (`ModelConfig.decoding_kernel`): 'xla'
-      (`decoding_attention`, `dot_product_attention`); 'cpu' (`cpu_kernels.decoding_self_attention`, whose
-      cache is never reordered, its `ancestry` is; `cpu_kernels.cross_attention`; no attention weights are
-      sown); 'auto': 'cpu' where JAX's default backend is a single CPU device, the products are in `dtype`
-      and the kernels build, else 'xla'. Encoder-decoder attention takes the kernel only with
-      attention_impl='xla' (whose numbers it keeps) and no attention dropout (deterministic, or
-      dropout_rate 0: the kernel applies none). For self-attention decided when the cache is created (its
-      layout says which).
   """
   num_heads: int
   d_k: int
@@ -215,18 +209,10 @@ class MultiHeadAttention(nn.Module):
   num_kv_heads: int | None = None
   position_transform: Any = None
   product_dtype: Any = None
-  decoding_kernel: str = 'auto'
 
   @property
   def _product_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.product_dtype or self.dtype)
-
-  def _project(self, x: Array, features: int, name: str, num_heads: int, heads_axis: str) -> Array:
-    """x [batch, length, d_model] @ W [d_model, num_heads, features] -> [batch, length, num_heads, features]."""
-    init = numerics.default_kernel_init(in_axis=0, out_axis=(1, 2))
-    kernel = self.param(name, nn.with_logical_partitioning(init, (sharding.EMBED, heads_axis, sharding.KV)),
-                        (x.shape[-1], num_heads, features))
-    return numerics.einsum('blm,mhd->blhd', x.astype(self.dtype), kernel.astype(self.dtype))
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *,
@@ -236,65 +222,73 @@ class MultiHeadAttention(nn.Module):
     Args:
       inputs_q: [batch, q_len, d_model].
       inputs_kv: [batch, kv_len, d_model]; the same array as inputs_q for self-attention, `memory` for
-        cross-attention.
-      mask: bool broadcastable to [batch, num_heads, q_len, kv_len], or None. In decoding mode a
-        self-attention layer builds its causal mask itself and ignores this.
-        In decoding mode a cross-attention layer also takes `inputs_kv` with fewer rows, batch / n: then
-        n consecutive query rows (the beams of one sentence) share each memory row, and the mask is
-        broadcastable to [batch / n, num_heads, n * q_len, kv_len].
+        cross-attention. In decoding mode cross-attention also takes fewer rows, batch / n: then n consecutive
+        query rows (the beams of one sentence) share each memory row.
+      mask: bool broadcastable to [batch, num_heads, q_len, kv_len] (decoding cross-attention with shared
+        memory rows: [batch / n, num_heads, n * q_len, kv_len]), or None. A self-attention decoding step
+        ignores it and masks the positions not yet decoded.
       deterministic: disables dropout.
-      use_cache: incremental decoding with the 'cache' collection (q_len is 1 after the cache exists; a
-        decoding step of self-attention applies no dropout to its weights).
+      use_cache: incremental decoding through the 'cache' collection (q_len 1 per step of self-attention, whose
+        weights then get no dropout).
       positions: int [batch, q_len] positions of the queries (self-attention: also of the keys) for
-      `position_transform`; None means 0..q_len-1.
+        `position_transform`; None means 0..q_len-1.
 
     Returns:
       [batch, q_len, d_model] in the compute dtype.
+
+    Raises:
+      ValueError: for query rows that do not share key rows as above, or a self-attention step of several
+        positions.
     """
     d_model = inputs_q.shape[-1]
-    kv_heads = self.num_kv_heads or self.num_heads
-    kv_axis = sharding.HEADS if kv_heads == self.num_heads else sharding.KV_HEADS
-    query = self._project(inputs_q, self.d_k, 'query', self.num_heads, sharding.HEADS)  # [b, q_len, heads, d_k]
+    query = self._project(inputs_q, self.d_k, 'query', self.num_heads, sharding.HEADS)  # Q W^Q: [b, q, h, d_k]
     if self.position_transform is not None:
       query = self.position_transform(query, positions)
-    if use_cache and self.cross_attention and self.has_variable('cache', 'cached_key'):
-      cached_key, cached_value = self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
-      if (query.shape[1] == 1 and self.attention_impl == 'xla'
-          and (deterministic or self.dropout_rate == 0.0)  # The kernel applies no dropout to its weights.
-          and (mask is None or (mask.ndim == 4 and mask.shape[1] == mask.shape[2] == 1))
-          and self._use_decoding_kernel(cached_key.dtype)):  # A decoding step on the CPU kernel.
-        valid = (jnp.ones((cached_key.shape[0], cached_key.shape[2]), bool) if mask is None
-                 else jnp.broadcast_to(mask[:, 0, 0, :], (cached_key.shape[0], cached_key.shape[2])))
-        output = cpu_kernels.cross_attention(query[:, 0].astype(cached_key.dtype), cached_key, cached_value, valid)
-        return self._output_projection(output[:, None].astype(self.dtype), d_model)
-      key, value = jnp.swapaxes(cached_key, 1, 2), jnp.swapaxes(cached_value, 1, 2)
-    else:
-      key = self._project(inputs_kv, self.d_k, 'key', kv_heads, kv_axis)      # [batch, kv_len, kv_heads, d_k]
-      value = self._project(inputs_kv, self.d_v, 'value', kv_heads, kv_axis)  # [batch, kv_len, kv_heads, d_v]
-      if self.position_transform is not None:  # Self-attention: the keys are at the queries' positions.
-        key = self.position_transform(key, positions)
-      if use_cache and self.cross_attention:  # Never reordered: kept in the product dtype, cast once.
-        self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(self._product_dtype))
-        self.put_variable('cache', 'cached_value', jnp.swapaxes(value, 1, 2).astype(self._product_dtype))
-      elif use_cache and self.has_variable('cache', 'ancestry'):  # A decoding step on the CPU kernel.
-        return self._output_projection(self._kernel_decoding_step(query, key, value).astype(self.dtype), d_model)
-      elif use_cache and self.has_variable('cache', 'cached_key'):  # A decoding step of self-attention.
-        cached_key, cached_value, mask = self._update_self_attention_cache(key, value)
-        output, weights = decoding_attention(query, cached_key, cached_value, mask,
-                                             product_dtype=self._product_dtype)
-        self.sow('intermediates', 'attention_weights', weights)
-        return self._output_projection(output.astype(self.dtype), d_model)
-      elif use_cache:
-        self._create_self_attention_cache(key, value)
+    decoding_step = use_cache and self.has_variable('cache', 'cached_key')
+    if decoding_step and self.cross_attention:
+      return self._output_projection(self.cross_attention_step(query, mask, deterministic=deterministic), d_model)
+    key, value = self._project_key_value(inputs_kv, positions)  # K W^K, V W^V: [b, kv_len, kv_heads, d_k or d_v]
+    if decoding_step:
+      return self._output_projection(self.self_attention_step(query, key, value), d_model)
+    if use_cache:
+      self.create_cache(key, value)
+    output = self._attend(query, key, value, mask, deterministic,
+                          beams_share_keys=use_cache and self.cross_attention)  # [batch, q_len, heads, d_v]
+    return self._output_projection(output, d_model)
 
+  def _project(self, x: Array, features: int, name: str, num_heads: int, heads_axis: str) -> Array:
+    """x [batch, length, d_model] @ W [d_model, num_heads, features] -> [batch, length, num_heads, features]."""
+    init = numerics.default_kernel_init(in_axis=0, out_axis=(1, 2))
+    kernel = self.param(name, nn.with_logical_partitioning(init, (sharding.EMBED, heads_axis, sharding.KV)),
+                        (x.shape[-1], num_heads, features))
+    return numerics.einsum('blm,mhd->blhd', x.astype(self.dtype), kernel.astype(self.dtype))
+
+  def _project_key_value(self, inputs_kv: Array, positions: Array | None) -> tuple[Array, Array]:
+    """K W^K [batch, kv_len, kv_heads, d_k] (position_transform applied) and V W^V [batch, kv_len, kv_heads, d_v]."""
+    kv_heads = self.num_kv_heads or self.num_heads
+    kv_axis = sharding.HEADS if kv_heads == self.num_heads else sharding.KV_HEADS
+    key = self._project(inputs_kv, self.d_k, 'key', kv_heads, kv_axis)
+    value = self._project(inputs_kv, self.d_v, 'value', kv_heads, kv_axis)
+    if self.position_transform is not None:  # Self-attention: the keys are at the queries' positions.
+      key = self.position_transform(key, positions)
+    return key, value
+
+  def _attend(self, query: Array, key: Array, value: Array, mask: Array | None, deterministic: bool, *,
+              beams_share_keys: bool) -> Array:
+    """head_1..head_h = Attention(Q W^Q, K W^K, V W^V) (Eq. 1): [rows, q_len, num_heads, d_v].
+
+    query [rows, q_len, num_heads, d_k]; key, value [key rows, kv_len, kv_heads, d]. With beams_share_keys, rows
+    may be a multiple n of the key rows: the n consecutive query rows of a sentence (its beams) are folded into
+    its query length instead of copying its keys and values for every beam.
+
+    Raises:
+      ValueError: if the rows differ otherwise.
+    """
     rows, q_len = query.shape[:2]
     if key.shape[0] != rows:
-      # Decoding: the hypotheses (beams) of a sentence are consecutive query rows and share its memory row;
-      # fold them into the query length instead of copying the memory for every beam.
-      if not (use_cache and self.cross_attention and rows % key.shape[0] == 0):
+      if not (beams_share_keys and rows % key.shape[0] == 0):
         raise ValueError(f'{rows} query rows cannot attend to {key.shape[0]} key rows')
       query = query.reshape(key.shape[0], rows // key.shape[0] * q_len, *query.shape[2:])
-
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng('dropout')
@@ -307,7 +301,7 @@ class MultiHeadAttention(nn.Module):
           query, key, value, mask, dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
           deterministic=deterministic, product_dtype=self._product_dtype)
       self.sow('intermediates', 'attention_weights', weights)
-    return self._output_projection(output.reshape(rows, q_len, *output.shape[2:]), d_model)
+    return output.reshape(rows, q_len, *output.shape[2:])
 
   def _output_projection(self, output: Array, d_model: int) -> Array:
     """Concat(head_1..head_h) W^O: [batch, q_len, num_heads, d_v] -> [batch, q_len, d_model]."""
@@ -316,47 +310,62 @@ class MultiHeadAttention(nn.Module):
                         (self.num_heads, self.d_v, d_model))  # W^O
     return numerics.einsum('bqhv,hvm->bqm', output, kernel.astype(self.dtype))
 
-  def _create_self_attention_cache(self, key: Array, value: Array) -> None:
-    """Creates the zero K/V cache [batch, kv_heads, max_decode_length, d] in the compute dtype, and its index
-    (the first call, normally under `Transformer.init_cache`, which sees the full [batch, max_decode_length,
-    ...] shapes)."""
+  def create_cache(self, key: Array, value: Array) -> None:
+    """Creates this layer's decoding cache: the first `use_cache` call (`Transformer.init_cache`).
+
+    Cross-attention stores the encoder output's keys and values, heads-first in the product dtype (never
+    reordered by beam search: cast once per sentence). Self-attention creates zero caches in the compute
+    dtype, as wide as the call's length (`Transformer.init_cache` passes max_decode_length positions), and
+    `cache_index`, int32 [], the next position to write.
+
+    Args:
+      key: [batch, kv_len, kv_heads, d_k] (position_transform applied).
+      value: [batch, kv_len, kv_heads, d_v].
+    """
+    if self.cross_attention:
+      self.put_variable('cache', 'cached_key', jnp.swapaxes(key, 1, 2).astype(self._product_dtype))
+      self.put_variable('cache', 'cached_value', jnp.swapaxes(value, 1, 2).astype(self._product_dtype))
+      return
     self.variable('cache', 'cached_key', jnp.zeros, jnp.swapaxes(key, 1, 2).shape, key.dtype)
     self.variable('cache', 'cached_value', jnp.zeros, jnp.swapaxes(value, 1, 2).shape, value.dtype)
     self.variable('cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32))
-    if self._use_decoding_kernel(key.dtype):  # Row r's position j is in row r + ancestry[r, j].
-      self.variable('cache', 'ancestry', jnp.zeros, key.shape[:2], jnp.int32)
 
-  def _use_decoding_kernel(self, cache_dtype: Any) -> bool:
-    """Whether this layer's decoding steps run on `cpu_kernels` (`decoding_kernel`).
+  def self_attention_step(self, query: Array, key: Array, value: Array) -> Array:
+    """One decoding step of masked self-attention (§3.2.3): writes this step's key and value at the cache index
+    and attends over the positions 0..index (`decoding_attention`; the weights are sown).
 
-    Raises:
-      ValueError: for an unknown setting, or 'cpu' where the kernel does not take the dtypes.
-      cpu_kernels.KernelUnavailable: 'cpu' where the kernel cannot be built.
-    """
-    fits = (self._product_dtype == jnp.dtype(cache_dtype) == jnp.dtype(self.dtype)
-            and self._product_dtype in cpu_kernels.DTYPES)
-    if self.decoding_kernel == 'cpu' and not fits:
-      raise ValueError(f"model.decoding_kernel='cpu' needs the attention products in the compute dtype "
-                       f"(bfloat16 or float32), got products {self._product_dtype}, compute {self.dtype}")
-    return fits and cpu_kernels.wanted(self.decoding_kernel)
+    Args:
+      query: [batch, 1, num_heads, d_k].
+      key: [batch, 1, kv_heads, d_k] (position_transform applied); value: [batch, 1, kv_heads, d_v].
 
-  def _kernel_decoding_step(self, query: Array, key: Array, value: Array) -> Array:
-    """One step on `cpu_kernels.decoding_self_attention`: query [batch, 1, num_heads, d_k], this step's key
-    and value [batch, 1, kv_heads, d]; writes them at the cache index and returns [batch, 1, num_heads, d_v].
+    Returns:
+      [batch, 1, num_heads, d_v] in the compute dtype.
 
     Raises:
       ValueError: for more than one position.
     """
-    if key.shape[1] != 1:
-      raise ValueError(f'decoding takes one position per step, got {key.shape[1]}')
-    cached_key, cached_value, ancestry, cache_index = (
-        self.variable('cache', name) for name in ('cached_key', 'cached_value', 'ancestry', 'cache_index'))
-    dtype = cached_key.value.dtype
-    output, cached_key.value, cached_value.value, ancestry.value = cpu_kernels.decoding_self_attention(
-        query[:, 0].astype(dtype), cached_key.value, cached_value.value, ancestry.value, key[:, 0].astype(dtype),
-        value[:, 0].astype(dtype), cache_index.value)
-    cache_index.value = cache_index.value + 1
-    return output[:, None]
+    cached_key, cached_value, mask = self._update_self_attention_cache(key, value)
+    output, weights = decoding_attention(query, cached_key, cached_value, mask, product_dtype=self._product_dtype)
+    self.sow('intermediates', 'attention_weights', weights)
+    return output.astype(self.dtype)
+
+  def cross_attention_step(self, query: Array, mask: Array | None, *, deterministic: bool) -> Array:
+    """Decoding's encoder-decoder attention (§3.2.3) against the keys and values `create_cache` stored.
+
+    Args:
+      query: [rows, q_len, num_heads, d_k]; rows is a multiple of the cache's sentences (their beams).
+      mask: bool broadcastable to [sentences, num_heads, rows / sentences * q_len, src_len], or None.
+      deterministic: disables dropout on the weights.
+
+    Returns:
+      [rows, q_len, num_heads, d_v] in the product dtype.
+
+    Raises:
+      ValueError: where the rows are not a multiple of the cache's.
+    """
+    key = jnp.swapaxes(self.get_variable('cache', 'cached_key'), 1, 2)  # [sentences, src_len, kv_heads, d_k]
+    value = jnp.swapaxes(self.get_variable('cache', 'cached_value'), 1, 2)
+    return self._attend(query, key, value, mask, deterministic, beams_share_keys=True)
 
   def _update_self_attention_cache(self, key: Array, value: Array) -> tuple[Array, Array, Array]:
     """Writes this step's key and value ([batch, 1, kv_heads, d]) at the cache index.

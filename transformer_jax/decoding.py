@@ -14,20 +14,16 @@ Conventions shared by both searches:
 
 Both searches can grow the cache in stages (`cache_stages`, `grow_cache`): a cache that holds only the
 positions decoded so far makes every step read and reorder less, at the price of compiling the loop once
-per stage. Measured on a 2-vCPU CPU with stages (16, 32, 64): an 82-step search of 16 sentences 1.34x
-faster, the 1,000 Multi30k test sentences (which stop early) 1.8x (36.2 s -> 20.5 s, compilation apart).
+per stage (docs/performance.md has the figures).
 
 `step_fn(last_tokens, cache) -> (logits, new_cache)` takes int32 [rows] and returns logits float32
 [rows, vocab], where rows is batch_size * beam_size (beam search) or batch_size (greedy). Every cache
 leaf with ndim >= 1 has leading dimension rows; in beam search rows b*beam .. b*beam+beam-1 belong to
-sentence b (see `expand_to_beams`) and are reordered whenever beams are reselected. Leaves with ndim 0
-(e.g. a cache index) are passed through unchanged. A mapping in the cache that holds an `ancestry` entry
-(int32 [rows, positions], `ANCESTRY`) is reordered through it instead: its other leaves stay in place, and
-row r's entries at position j are read from row r + ancestry[r, j] (the model's self-attention cache under
-the CPU decoding kernel, `cpu_kernels`: the reorder then moves 4 bytes per position instead of the keys
-and values).
+sentence b (see `expand_to_beams`) and are reordered whenever beams are reselected: by default every
+leaf's rows are gathered (`reorder_cache`; leaves with ndim 0, e.g. a cache index, pass unchanged), and a
+caller whose cache has another layout passes its own `reorder_cache` (e.g. `transformer_jax.cpu.backend`,
+whose caches stay in place while a small index of rows moves).
 """
-from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -37,7 +33,8 @@ StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 # When a sentence's beam search stops (`beam_search`'s early_stopping).
 EARLY_STOPPING = ('bound', 'finished')
 GrowFn = Callable[[Any, int], Any]
-ANCESTRY = 'ancestry'
+# (cache, parent int32 [batch, beam], beam_size) -> the cache of the chosen beams: `reorder_cache`.
+ReorderFn = Callable[[Any, jax.Array, int], Any]
 # (logits [rows, vocab], k, *, eos_id, bos_id, pad_id) -> (lse, top_logits, top_tokens, eos_logit): `extension_scores`.
 ScoresFn = Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array]]
 
@@ -216,22 +213,29 @@ def _extend(live_seqs: jax.Array, chosen: _Candidates, step: jax.Array) -> jax.A
   return seqs.at[:, :, step].set(chosen.token)
 
 
-def _reorder_cache(cache: Any, parent: jax.Array, beam_size: int) -> Any:
-  """Gathers the cache rows of the parent beams; parent is int [batch, beam] in [0, beam).
+def parent_rows(parent: jax.Array, beam_size: int) -> jax.Array:
+  """The cache row each row of a beam step continues: parent int [batch, beam] in [0, beam) -> [batch * beam]."""
+  return (jnp.arange(parent.shape[0])[:, None] * beam_size + parent).reshape(-1)
 
-  A mapping with an `ANCESTRY` entry keeps its other leaves in place: row r is to read what row rows[r] read,
-  so its ancestry becomes rows[r]'s, shifted by rows[r] - r.
+
+def gather_rows(x: Any, rows: jax.Array) -> Any:
+  """x[rows] along the leading axis (an array of ndim 0 is returned as it is); rows must be in bounds."""
+  return x if jnp.ndim(x) == 0 else x.at[rows].get(mode='promise_in_bounds')
+
+
+def reorder_cache(cache: Any, parent: jax.Array, beam_size: int) -> Any:
+  """The default reorder of a beam step: every leaf's rows gathered for the chosen beams' parents.
+
+  Args:
+    cache: step_fn's pytree; leaves with ndim >= 1 have leading dimension batch * beam_size.
+    parent: int [batch, beam_size] in [0, beam_size): the live hypothesis each new one extends.
+    beam_size: hypotheses per sentence.
+
+  Returns:
+    The same structure, row b * beam_size + i holding what row b * beam_size + parent[b, i] held.
   """
-  rows = (jnp.arange(parent.shape[0])[:, None] * beam_size + parent).reshape(-1)  # [batch*beam]
-  gather = lambda x: x if jnp.ndim(x) == 0 else x.at[rows].get(mode='promise_in_bounds')
-  shift = (rows - jnp.arange(rows.shape[0], dtype=rows.dtype)).astype(jnp.int32)[:, None]
-  follows_ancestry = lambda tree: isinstance(tree, Mapping) and ANCESTRY in tree
-
-  def reorder(tree):
-    if follows_ancestry(tree):
-      return type(tree)({**tree, ANCESTRY: gather(tree[ANCESTRY]) + shift})
-    return gather(tree)
-  return jax.tree.map(reorder, cache, is_leaf=follows_ancestry)
+  rows = parent_rows(parent, beam_size)
+  return jax.tree.map(lambda x: gather_rows(x, rows), cache)
 
 
 def _update_finished(state: BeamState, candidates: _Candidates, finishing: jax.Array,
@@ -274,7 +278,7 @@ def _no_live_can_win(live_log_probs: jax.Array, finished_scores: jax.Array, leng
 
 
 def _beam_step(state: BeamState, step_fn: StepFn, alpha: float, special_ids: tuple[int, int, int],
-               early_stopping: str, scores_fn: ScoresFn | None) -> BeamState:
+               early_stopping: str, scores_fn: ScoresFn | None, reorder: ReorderFn | None) -> BeamState:
   """Extends every live hypothesis by one token and reselects the live and finished beams."""
   eos_id, bos_id, pad_id = special_ids
   max_lengths = state.max_lengths
@@ -301,7 +305,7 @@ def _beam_step(state: BeamState, step_fn: StepFn, alpha: float, special_ids: tup
   if early_stopping == 'finished':
     done = done | ~jnp.isneginf(finished_scores[:, -1])  # beam_size hypotheses have finished.
   return BeamState(length, _extend(state.live_seqs, chosen, state.step), live_log_probs, finished_seqs,
-                   finished_scores, done, _reorder_cache(cache, chosen.parent, beam_size), max_lengths)
+                   finished_scores, done, (reorder or reorder_cache)(cache, chosen.parent, beam_size), max_lengths)
 
 
 def stage_ends(max_steps: int, cache_stages: Sequence[int]) -> list[int]:
@@ -361,13 +365,13 @@ def init_beam_search(cache: Any, *, batch_size: int, beam_size: int, max_decode_
 
 def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.Array, alpha: float,
                          eos_id: int, bos_id: int, pad_id: int = 0, early_stopping: str = 'bound',
-                         scores_fn: ScoresFn | None = None) -> BeamState:
+                         scores_fn: ScoresFn | None = None, reorder_cache: ReorderFn | None = None) -> BeamState:
   """Beam steps while state.step < until and some sentence is not done (one `jax.lax.while_loop`).
 
   Args:
     state: from `init_beam_search`, a previous call, or `take_sentences`. Where step_fn's cache has a fixed
       number of positions (the model's self-attention cache), it must hold at least `until` of them.
-    step_fn, alpha, eos_id, bos_id, pad_id, early_stopping, scores_fn: as in `beam_search`.
+    step_fn, alpha, eos_id, bos_id, pad_id, early_stopping, scores_fn, reorder_cache: as in `beam_search`.
     until: int32 [] step count to stop at (at most the max_steps of `init_beam_search`); it may be traced,
       so that one compiled loop stops at any step.
 
@@ -380,7 +384,7 @@ def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.
   if early_stopping not in EARLY_STOPPING:
     raise ValueError(f'early_stopping must be one of {EARLY_STOPPING}, got {early_stopping!r}')
   return _run_until(state, lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping,
-                                                scores_fn),
+                                                scores_fn, reorder_cache),
                     until)
 
 
@@ -425,7 +429,8 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
                 max_decode_lengths: jax.Array, max_steps: int, eos_id: int, bos_id: int,
                 pad_id: int = 0, cache_stages: Sequence[int] = (),
                 grow_cache: GrowFn | None = None, early_stopping: str = 'bound',
-                scores_fn: ScoresFn | None = None) -> tuple[jax.Array, jax.Array]:
+                scores_fn: ScoresFn | None = None,
+                reorder_cache: ReorderFn | None = None) -> tuple[jax.Array, jax.Array]:
   """Beam search with length penalty (Sec. 6.1: beam 4, alpha 0.6, max length = input length + 50).
 
   The paper takes the length penalty from Wu et al. (2016, GNMT): a hypothesis Y is scored
@@ -462,8 +467,10 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
     grow_cache: grow_cache(cache, n) returns the cache enlarged to hold n positions (called with each
       stage's last step count, the first stage's included); needed when cache_stages is given.
     early_stopping: 'bound' or 'finished' (EARLY_STOPPING), see above.
-    scores_fn: what a step reads of the logits, with `extension_scores`' signature and results (e.g.
-      `cpu_kernels.beam_scores`, one pass over the vocabulary on a CPU); None: `extension_scores`.
+    scores_fn: what a step reads of the logits, with `extension_scores`' signature and results (e.g. the CPU
+      kernels' one pass over the vocabulary, `transformer_jax.cpu.kernels.beam_scores`); None: `extension_scores`.
+    reorder_cache: how a step moves the cache to the chosen beams, with `reorder_cache`'s signature and
+      result (e.g. `transformer_jax.cpu.backend.CpuDecoding.reorder_cache`); None: `reorder_cache`.
 
   Returns:
     tokens: int32 [batch, beam_size, max_steps], best-first; EOS-ended or exactly L_b tokens, PAD
@@ -479,7 +486,7 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
   special = dict(eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
   state = init_beam_search(cache, batch_size=batch_size, beam_size=beam_size, max_decode_lengths=max_decode_lengths,
                            max_steps=max_steps, **special)
-  step = lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping, scores_fn)
+  step = lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping, scores_fn, reorder_cache)
   return beam_search_output(_run_stages(state, step, max_steps, cache_stages, grow_cache), pad_id)
 
 

@@ -178,7 +178,6 @@ class _Layer(nn.Module):
   num_kv_heads: int | None = None
   rope: bool = False  # Rotary positions in self-attention (position_embedding='rope').
   attention_product_dtype: Any = None  # Of the attention products; None: dtype.
-  decoding_kernel: str = 'auto'  # How a decoding step of self-attention runs (ModelConfig.decoding_kernel).
 
   def make_residual(self, name: str) -> Residual:
     return Residual(self.layer_norm_position, self.dropout_rate, self.dtype, self.norm, name=name)
@@ -190,7 +189,7 @@ class _Layer(nn.Module):
         self.num_heads, self.d_k, self.d_v, self.attention_dropout_rate, cross_attention=cross_attention,
         dtype=self.dtype, attention_impl=self.attention_impl, num_kv_heads=self.num_kv_heads,
         position_transform=apply_rope if self.rope and not cross_attention else None,
-        product_dtype=self.attention_product_dtype, decoding_kernel=self.decoding_kernel, name=name)
+        product_dtype=self.attention_product_dtype, name=name)
 
   def make_feed_forward(self) -> FeedForward:
     return FeedForward(self.d_ff, self.dtype, self.feed_forward, name='feed_forward')

@@ -21,7 +21,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow (tf.data, TFDS)
 # TensorFlow only reads data here: its oneDNN kernels (and their start-up notice) are of no use.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
-from transformer_jax import host_allocator  # pylint: disable=g-import-not-at-top,wrong-import-position
+from transformer_jax.cpu import host_allocator  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Before JAX starts: runs the command under tcmalloc where it is installed (re-executing it), else tunes
 # glibc's malloc; a quarter of a CPU train step went to page faults without (host_allocator).

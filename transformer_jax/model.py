@@ -63,9 +63,9 @@ class ModelConfig:
   # (XLA:CPU multiplies batched bf16 products slowly: the CPU configs set it). Also the dtype of the
   # encoder-decoder attention's decoding cache; the self-attention cache is always dtype.
   attention_product_dtype: AttentionProductDtype = 'compute'
-  # How a decoding step's attention and beam scores run (`attention.MultiHeadAttention`, `translation`): 'cpu',
-  # the C++ kernels of `cpu_kernels` (built on first use); 'xla'; 'auto': the kernels on a single CPU device
-  # where they build.
+  # A decoding choice, not the model's (no module reads it): the backend a search's steps run on, chosen on the
+  # host by `translation.decoding_backend` ('cpu': the C++ kernels of `transformer_jax.cpu`; 'xla'; 'auto': the
+  # kernels on a single CPU device where they build). Kept here for its config key, model.decoding_kernel.
   decoding_kernel: DecodingKernel = 'auto'
 
   def __post_init__(self):
@@ -118,8 +118,7 @@ def params_in_compute_dtype(params: Any, cfg: ModelConfig) -> Any:
 
   Every use of those casts them to cfg.compute_dtype, so the model computes the same with either; norm
   scales and biases (1-D) stay float32. For the searches of `translation.decode_all`: XLA:CPU does not hoist
-  the casts out of a search's while loop, which cast every weight at every step (docs/performance.md,
-  session 16).
+  the casts out of a search's while loop, which cast every weight at every step (docs/performance.md).
 
   Args:
     params: the model's parameter tree, float32.
@@ -135,9 +134,9 @@ def grow_decoding_cache(cache: Any, length: int) -> Any:
   """Enlarges every self-attention K/V cache of a 'cache' collection to hold `length` positions.
 
   Self-attention caches are the modules with a `cache_index`; their `cached_key`/`cached_value` are
-  [rows, num_heads, positions, d] and their `ancestry` (with the CPU decoding kernel) [rows, positions]
-  (`attention.MultiHeadAttention`). The new positions are zeros, masked until decoding writes them. Other
-  entries (encoder-decoder K/V, indices) are returned as they are.
+  [rows, kv_heads, positions, d] (`attention.MultiHeadAttention.create_cache`). The new positions are zeros,
+  masked until decoding writes them. Other entries (encoder-decoder K/V, indices, and what a decoding backend
+  adds, which grows them itself) are returned as they are.
 
   Args:
     cache: the 'cache' collection of a Transformer, or a part of it (nested dicts).
@@ -158,9 +157,7 @@ def grow_decoding_cache(cache: Any, length: int) -> Any:
     if x.shape[axis] > length:
       raise ValueError(f'cannot shrink a decoding cache of {x.shape[axis]} positions to {length}')
     return jnp.pad(x, [(0, length - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)])
-  position_axis = {'cached_key': 2, 'cached_value': 2, 'ancestry': 1}
-  return {name: grow(value, position_axis[name]) if name in position_axis else value
-          for name, value in cache.items()}
+  return {name: grow(value, 2) if name in ('cached_key', 'cached_value') else value for name, value in cache.items()}
 
 
 class Embedder(nn.Module):
@@ -185,7 +182,7 @@ def _layer_kwargs(cfg: ModelConfig) -> dict[str, Any]:
               layer_norm_position=cfg.layer_norm_position, dtype=cfg.compute_dtype,
               attention_impl=cfg.attention_impl, norm=cfg.norm, feed_forward=cfg.feed_forward,
               num_kv_heads=cfg.num_kv_heads, rope=cfg.position_embedding == 'rope',
-              attention_product_dtype=cfg.product_dtype, decoding_kernel=cfg.decoding_kernel)
+              attention_product_dtype=cfg.product_dtype)
 
 
 def _remat(layer_cls: type[nn.Module], static: tuple[str, ...]) -> type[nn.Module]:

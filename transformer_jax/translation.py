@@ -4,14 +4,20 @@
 which drops the sentences that are done as it goes; `decode_all` runs either over a split's batches (on one
 device, `decode.concurrent_batches` of them at once; multi-host: every process gets every row back);
 `translate` detokenises. Which checkpoints to decode and what to do with the output is `evaluate.py`'s.
+
+Every search runs its steps on a decoding backend (`DecodingBackend`), chosen on the host before the search is
+traced (`decoding_backend`, from `model.decoding_kernel`): `XlaDecoding`, the model's own operations, or the
+C++ kernels of `transformer_jax.cpu.backend.CpuDecoding`. The backend is the only way those kernels reach a
+search: the model and `decoding` know nothing of them.
 """
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import os
 import time
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 from absl import logging
 import flax
@@ -21,9 +27,9 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import cpu_kernels
 from transformer_jax import decoding
 from transformer_jax import model as model_lib
+from transformer_jax.cpu import backend as cpu_backend
 from transformer_jax.data import tokenizer as tokenizer_lib
 
 Array = jax.Array
@@ -34,6 +40,59 @@ CACHE_STAGES = (16, 32, 64, 128, 256)
 
 
 _SPECIAL_IDS = dict(eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID)
+
+
+class DecodingBackend(Protocol):
+  """What a search asks of the backend its steps run on. Hashable: a static argument of the jitted searches."""
+
+  def attention(self) -> contextlib.AbstractContextManager:
+    """The context the model's decoding calls (`Transformer.init_cache`, `decode` with use_cache) run in."""
+
+  def grow_cache(self, cache: Any, length: int) -> Any:
+    """The search's cache enlarged to `length` positions (`decoding.beam_search`'s grow_cache)."""
+
+  def reorder_cache(self, cache: Any, parent: Array, beam_size: int) -> Any:
+    """The cache moved to the chosen beams (`decoding.reorder_cache`'s contract)."""
+
+  def extension_scores(self, logits: Array, k: int, *, eos_id: int, bos_id: int,
+                       pad_id: int) -> tuple[Array, Array, Array, Array]:
+    """What a beam step reads of the logits (`decoding.extension_scores`' contract)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaDecoding:
+  """The default backend: the model's decoding methods as written and `decoding`'s defaults (any platform)."""
+
+  def attention(self) -> contextlib.AbstractContextManager:
+    """No change: the model's own decoding methods (`attention.MultiHeadAttention`)."""
+    return contextlib.nullcontext()
+
+  def grow_cache(self, cache: Any, length: int) -> Any:
+    """`model.grow_decoding_cache`."""
+    return model_lib.grow_decoding_cache(cache, length)
+
+  def reorder_cache(self, cache: Any, parent: Array, beam_size: int) -> Any:
+    """`decoding.reorder_cache`: every leaf's rows gathered."""
+    return decoding.reorder_cache(cache, parent, beam_size)
+
+  def extension_scores(self, logits: Array, k: int, *, eos_id: int, bos_id: int,
+                       pad_id: int) -> tuple[Array, Array, Array, Array]:
+    """`decoding.extension_scores`."""
+    return decoding.extension_scores(logits, k, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
+
+
+def decoding_backend(cfg: model_lib.ModelConfig) -> DecodingBackend:
+  """The backend for a search of this model, from `cfg.decoding_kernel` ('auto', 'cpu' or 'xla').
+
+  'xla': `XlaDecoding`; 'cpu': `CpuDecoding` (the kernels built now where they are not yet); 'auto': the kernels
+  on a single CPU device where the attention products are in the compute dtype and the kernels build, else
+  XLA (`transformer_jax.cpu.backend.wanted`). Runs on the host: call it before a search is traced.
+
+  Raises:
+    ValueError: for 'cpu' off the CPU or with products in another dtype than the compute dtype.
+    transformer_jax.cpu.kernels.KernelUnavailable: for 'cpu' where the kernels cannot be built here.
+  """
+  return cpu_backend.CpuDecoding() if cpu_backend.wanted(cfg) else XlaDecoding()
 
 
 def _check(model: model_lib.Transformer, source_length: int, extra_length: int, early_stopping: str) -> int:
@@ -47,8 +106,8 @@ def _check(model: model_lib.Transformer, source_length: int, extra_length: int, 
   return max_steps
 
 
-def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int, extra_length: int,
-           max_steps: int, cache_length: int, greedy: bool,
+def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, backend: DecodingBackend,
+           beam_size: int, extra_length: int, max_steps: int, cache_length: int, greedy: bool,
            context_length: int | None = None) -> tuple[Any, tuple[Array, Array, dict]]:
   """The encoder, then the search's first state with a self-attention cache of cache_length positions.
 
@@ -70,8 +129,9 @@ def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, b
     memory = jnp.pad(memory, ((0, 0), (0, pad), (0, 0)))
     source_segment_ids = jnp.pad(source_segment_ids, ((0, 0), (0, pad)))
   max_decode_lengths = jnp.sum(source_segment_ids, axis=-1) + extra_length  # [batch]
-  _, variables = model.apply({'params': params}, memory, source_segment_ids, cache_length, beam_size,
-                             method='init_cache', mutable=['cache'])
+  with backend.attention():
+    _, variables = model.apply({'params': params}, memory, source_segment_ids, cache_length, beam_size,
+                               method='init_cache', mutable=['cache'])
   # The encoder-decoder attention K/V never change: keep them out of the search's cache, which beam
   # search reorders (copies) at every step.
   fixed, cache = _split_cache(variables['cache'])
@@ -84,22 +144,24 @@ def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, b
 
 
 def _continue(params: Any, state: Any, context: tuple[Array, Array, dict], until: int | Array, *,
-              model: model_lib.Transformer, alpha: float, early_stopping: str, cache_length: int) -> Any:
+              model: model_lib.Transformer, backend: DecodingBackend, alpha: float, early_stopping: str,
+              cache_length: int) -> Any:
   """The search's steps until `until` (or every sentence done), the cache grown to cache_length first."""
   memory, source_segment_ids, fixed = context
 
   def step_fn(last_tokens, cache):
-    logits, new_variables = model.apply(
-        {'params': params, 'cache': flax.traverse_util.unflatten_dict(fixed | _flat(cache))},
-        last_tokens[:, None], memory, source_segment_ids, use_cache=True, method='decode', mutable=['cache'])
+    with backend.attention():
+      logits, new_variables = model.apply(
+          {'params': params, 'cache': flax.traverse_util.unflatten_dict(fixed | _flat(cache))},
+          last_tokens[:, None], memory, source_segment_ids, use_cache=True, method='decode', mutable=['cache'])
     return logits[:, 0, :], _split_cache(new_variables['cache'])[1]
 
-  state = state._replace(cache=model_lib.grow_decoding_cache(state.cache, cache_length))
+  state = state._replace(cache=backend.grow_cache(state.cache, cache_length))
   if isinstance(state, decoding.GreedyState):
     return decoding.continue_greedy_search(state, step_fn, until=until, **_SPECIAL_IDS)
-  scores_fn = cpu_kernels.beam_scores if cpu_kernels.wanted(model.cfg.decoding_kernel) else None
   return decoding.continue_beam_search(state, step_fn, until=until, alpha=alpha, early_stopping=early_stopping,
-                                       scores_fn=scores_fn, **_SPECIAL_IDS)
+                                       scores_fn=backend.extension_scores, reorder_cache=backend.reorder_cache,
+                                       **_SPECIAL_IDS)
 
 
 def _output(state: Any, with_scores: bool) -> tuple[Array] | tuple[Array, Array]:
@@ -110,15 +172,14 @@ def _output(state: Any, with_scores: bool) -> tuple[Array] | tuple[Array, Array]
   return (tokens, scores) if with_scores else (tokens[:, 0, :],)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'alpha', 'extra_length', 'cache_stages',
-                                             'with_scores', 'early_stopping'))
 def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int,
                  alpha: float, extra_length: int, cache_stages: tuple[int, ...] = CACHE_STAGES,
-                 with_scores: bool = False, early_stopping: str = 'bound') -> Array | tuple[Array, Array]:
+                 with_scores: bool = False, early_stopping: str = 'bound',
+                 backend: DecodingBackend | None = None) -> Array | tuple[Array, Array]:
   """Translates one batch: encoder once, then cached beam search (or greedy when beam_size is 1).
 
-  One compiled program with no host syncs; `decode_batch_compacted` gives the same output and drops the
-  sentences that are done as it goes.
+  One compiled program with no host syncs (compiled once per shape, model and backend); `decode_batch_compacted`
+  gives the same output and drops the sentences that are done as it goes.
 
   The maximum output length is the source length (tokens, EOS included) + extra_length (§6.1: +50).
 
@@ -133,6 +194,7 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
       per stage below the maximum length); () keeps the whole length from the start. Same output.
     with_scores: return every hypothesis with its score (beam search even at beam_size 1).
     early_stopping: when a sentence's beam search stops (`decoding.beam_search`): 'bound' or 'finished'.
+    backend: what the steps run on; None: `decoding_backend(model.cfg)`, chosen here on the host.
 
   Returns:
     int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS. With with_scores, the
@@ -140,22 +202,34 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
 
   Raises:
     ValueError: with learned positions, if src_len + extra_length exceeds model.max_length; for an
-      early_stopping not in `decoding.EARLY_STOPPING`.
+      early_stopping not in `decoding.EARLY_STOPPING`; as `decoding_backend`.
   """
+  return _decode_batch_jit(params, source_tokens, model=model, backend=backend or decoding_backend(model.cfg),
+                           beam_size=beam_size, alpha=alpha, extra_length=extra_length, cache_stages=cache_stages,
+                           with_scores=with_scores, early_stopping=early_stopping)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'backend', 'beam_size', 'alpha', 'extra_length',
+                                             'cache_stages', 'with_scores', 'early_stopping'))
+def _decode_batch_jit(params: Any, source_tokens: Array, *, model: model_lib.Transformer, backend: DecodingBackend,
+                      beam_size: int, alpha: float, extra_length: int, cache_stages: tuple[int, ...],
+                      with_scores: bool, early_stopping: str) -> Array | tuple[Array, Array]:
+  """`decode_batch` with its backend chosen."""
   max_steps = _check(model, source_tokens.shape[1], extra_length, early_stopping)
   ends = decoding.stage_ends(max_steps, cache_stages)
-  state, context = _start(params, source_tokens, model=model, beam_size=beam_size, extra_length=extra_length,
-                          max_steps=max_steps, cache_length=ends[0], greedy=beam_size == 1 and not with_scores)
+  state, context = _start(params, source_tokens, model=model, backend=backend, beam_size=beam_size,
+                          extra_length=extra_length, max_steps=max_steps, cache_length=ends[0],
+                          greedy=beam_size == 1 and not with_scores)
   for end in ends:
-    state = _continue(params, state, context, end, model=model, alpha=alpha, early_stopping=early_stopping,
-                      cache_length=end)
+    state = _continue(params, state, context, end, model=model, backend=backend, alpha=alpha,
+                      early_stopping=early_stopping, cache_length=end)
   output = _output(state, with_scores)
   return output if with_scores else output[0]
 
 
-_start_jit = jax.jit(_start, static_argnames=('model', 'beam_size', 'extra_length', 'max_steps', 'cache_length',
-                                             'greedy', 'context_length'))
-_continue_jit = jax.jit(_continue, static_argnames=('model', 'alpha', 'early_stopping', 'cache_length'))
+_start_jit = jax.jit(_start, static_argnames=('model', 'backend', 'beam_size', 'extra_length', 'max_steps',
+                                             'cache_length', 'greedy', 'context_length'))
+_continue_jit = jax.jit(_continue, static_argnames=('model', 'backend', 'alpha', 'early_stopping', 'cache_length'))
 _output_jit = jax.jit(_output, static_argnames=('with_scores',))  # Given states without their cache.
 
 
@@ -186,7 +260,8 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
                            cache_stages: tuple[int, ...] = CACHE_STAGES, with_scores: bool = False,
                            early_stopping: str = 'bound', compact_every_steps: int,
                            skip_rows: np.ndarray | None = None, context_length: int | None = None,
-                           min_size: int = 8) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+                           min_size: int = 8,
+                           backend: DecodingBackend | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
   """`decode_batch`, stopping every compact_every_steps steps to drop the sentences that are done.
 
   A sentence's search ends at its own step, but a batch runs until its slowest sentence ends, and the rows
@@ -202,7 +277,7 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
 
   Args:
     params, source_tokens, model, beam_size, alpha, extra_length, cache_stages, with_scores,
-      early_stopping: as in `decode_batch`.
+      early_stopping, backend: as in `decode_batch`.
     compact_every_steps: steps between the host's looks at which sentences are done (>= 1).
     skip_rows: bool [batch], rows that need no output (e.g. padding rows of a split's last batch): they count
       as done from the start (left out when the batch is compacted); their output is unspecified.
@@ -222,13 +297,14 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
     raise ValueError(f'compact_every_steps must be >= 1, got {compact_every_steps}')
   batch_size, source_length = source_tokens.shape
   width = _check(model, source_length, extra_length, early_stopping)  # The output's, as decode_batch's.
+  backend = backend or decoding_backend(model.cfg)
   if context_length is None:
     context_length = context_length_for(source_length)
   max_steps = max(width, context_length + extra_length)
   if model.cfg.position_embedding == 'learned':  # Steps past L_b <= width are never taken.
     max_steps = max(width, min(max_steps, model.cfg.max_length))
   ends = decoding.stage_ends(max_steps, cache_stages)
-  state, context = _start_jit(params, jnp.asarray(source_tokens), model=model, beam_size=beam_size,
+  state, context = _start_jit(params, jnp.asarray(source_tokens), model=model, backend=backend, beam_size=beam_size,
                               extra_length=extra_length, max_steps=max_steps, cache_length=ends[0],
                               greedy=beam_size == 1 and not with_scores, context_length=context_length)
   if skip_rows is not None:
@@ -241,8 +317,8 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
                   for until in range(start + compact_every_steps, end, compact_every_steps)} | set(ends))
   for until in looks:
     cache_length = next(end for end in ends if end >= until)
-    state = _continue_jit(params, state, context, until, model=model, alpha=alpha, early_stopping=early_stopping,
-                          cache_length=cache_length)
+    state = _continue_jit(params, state, context, until, model=model, backend=backend, alpha=alpha,
+                          early_stopping=early_stopping, cache_length=cache_length)
     done = np.asarray(state.done)
     alive = int(np.sum(~done))
     if alive == 0:
@@ -284,8 +360,8 @@ def concurrent_batches_for(concurrent_batches: int) -> int:
 
   Args:
     concurrent_batches: a positive count, kept; or 0 (automatic): on the CPU backend the cores this process
-      may use, at most 4 (measured on 2 vCPUs only: docs/performance.md, session 15), and 1 on accelerators
-      (not measured there).
+      may use, at most 4 (measured on 2 vCPUs only, docs/performance.md), and 1 on accelerators (not measured
+      there).
 
   Returns:
     The count, >= 1.
@@ -368,10 +444,8 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
   back, one batch after another. Otherwise each batch is decoded on one device, with `decode_batch_compacted`
   when compact_every_steps > 0, and `concurrent_batches` batches at once: on a CPU a search keeps the cores
   only partly busy (its step is many small operations), and XLA:CPU runs searches called from several threads
-  at the same time. Each batch in flight holds its own decoding cache: peak memory grows with the count. On a
-  2-vCPU Xeon, test_2016_flickr, beam 4, alpha 1.4, early_stopping='finished', 512 tokens per batch: 1.6-1.7x
-  the sentences/s of one batch at a time with two at once, no more with three or four (docs/performance.md,
-  session 15).
+  at the same time (docs/performance.md has the gain on two cores). Each batch in flight holds its own decoding
+  cache: peak memory grows with the count.
 
   Args:
     params: model parameters (e.g. an average of checkpoints), placed or sharded as for training.
@@ -390,7 +464,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
 
   Raises:
     ValueError: if some sentence received no output (a batching bug, never silently tolerated); for a negative
-      concurrent_batches; as `decode_batch` for a bad argument.
+      concurrent_batches; as `decode_batch` for a bad argument or backend.
   """
   workers = concurrent_batches_for(concurrent_batches)
   one_device = batch_sharding is None or len(batch_sharding.device_set) == 1
@@ -400,12 +474,14 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     if compact_every_steps:
       logging.info('decode.compact_every_steps=%d is ignored over %d devices: each batch is one compiled search.',
                    compact_every_steps, len(batch_sharding.device_set))
-  logging.info('Decoding %d batch(es) at once.', workers)
+  backend = decoding_backend(model.cfg)  # Once, on the host, for every batch.
+  logging.info('Decoding %d batch(es) at once on %s.', workers, type(backend).__name__)
   params = model_lib.params_in_compute_dtype(params, model.cfg)  # Once, not in every decoding step.
   decode_one = functools.partial(
       _decode_one, params=params, batch_sharding=batch_sharding, one_device=one_device,
       compact_every_steps=compact_every_steps, mesh=jax.sharding.get_mesh(), rules=nn.get_logical_axis_rules(),
-      model=model, beam_size=beam_size, alpha=alpha, extra_length=extra_length, early_stopping=early_stopping)
+      model=model, beam_size=beam_size, alpha=alpha, extra_length=extra_length, early_stopping=early_stopping,
+      backend=backend)
   outputs: list[np.ndarray | None] = [None] * num_sentences
   start = last_log = time.perf_counter()
   for tokens, index in _map_in_order(decode_one, batches, workers):

@@ -168,7 +168,8 @@ def _decode_rate(params, model, config, host_batch) -> float:
   source = jnp.asarray(host_batch['source_tokens'][:count])
   decode = functools.partial(translation.decode_batch, model=model, beam_size=config.decode.beam_size,
                              alpha=config.decode.alpha, extra_length=config.decode.extra_length,
-                             early_stopping=config.decode.early_stopping)
+                             early_stopping=config.decode.early_stopping,
+                             backend=translation.decoding_backend(model.cfg))
   seconds, _ = _timed(decode, params, source, num_steps=2)
   return count / seconds
 

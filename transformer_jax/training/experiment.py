@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from transformer_jax import errors
-from transformer_jax import host_allocator
+from transformer_jax.cpu import host_allocator
 from transformer_jax import model as model_lib
 from transformer_jax import sharding
 from transformer_jax.data import input_pipeline
@@ -226,7 +226,7 @@ def log_backend(config) -> None:
                jax.default_backend(), jax.process_index(), jax.process_count(), len(devices),
                jax.local_device_count(), ', '.join(str(d) for d in jax.local_devices()))
   if host_allocator.chosen is not None:
-    logging.info('Host memory allocator: %s (%s; transformer_jax.host_allocator)', host_allocator.chosen,
+    logging.info('Host memory allocator: %s (%s; transformer_jax.cpu.host_allocator)', host_allocator.chosen,
                  host_allocator.ALLOCATOR_ENV)
   big = config.model.d_model >= 512 or config.data.tokens_per_batch >= 8192
   if jax.default_backend() == 'cpu' and big:

@@ -2,20 +2,9 @@
 
 XLA:CPU allocates a step's temporary buffers afresh at every step, hundreds of megabytes at the main job's
 shape, and glibc's malloc hands blocks that large back to the kernel when they are freed (one arena per
-thread, large blocks mmap-ed and unmapped), so every step faults the same memory in again. Measured on a
-2-vCPU Intel Xeon with AMX (docs/performance.md, session 13), configs/multi30k.py's step at [32, 64 + 64] with
-bf16 attention products, 10 steps each:
-
-| allocator | ms per step | minor page faults per step | system CPU time per step |
-|---|---|---|---|
-| glibc as it comes | 292-310 | 89,400 | 139-144 ms |
-| glibc tuned (GLIBC_TUNABLES as `tune_glibc_malloc` sets them: one arena, no mmap, no trimming) | 252-258 | 8,900 | 16 ms |
-| tcmalloc (`LD_PRELOAD`, Debian's libtcmalloc-minimal4) | 226 | 0 | 7 ms |
-| jemalloc 5.3 as it comes (`LD_PRELOAD`) | 312 | 105,000 | 161 ms |
-
-With the settings applied in process by `tune_glibc_malloc` (TRANSFORMER_JAX_ALLOCATOR=glibc), SMALL trained
-at 17,440-17,642 tokens/s against 18,362-18,400 under tcmalloc and 14,263-14,675 as it comes (`--mode=benchmark`,
-two rounds, docs/performance.md's peer table).
+thread, large blocks mmap-ed and unmapped), so every step faults the same memory in again. tcmalloc keeps
+them, and so does glibc's malloc with one arena, no mmap and no trimming (`tune_glibc_malloc`);
+docs/performance.md has the page faults and step times of each allocator.
 
 `use_fast_allocator`, which `python -m transformer_jax.main` and the benchmark scripts call before JAX
 starts, therefore runs the command under tcmalloc where the library is installed (it re-executes the same

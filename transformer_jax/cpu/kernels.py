@@ -1,25 +1,24 @@
 """Hand-written CPU kernels of a beam-search step (§3.2, §6.1) as XLA FFI custom calls.
 
-Why (docs/performance.md, sessions 15-16): on XLA:CPU half of a decoding step went to the self-attention cache,
-which XLA reorders for the chosen beams, writes the step's position into and feeds to the one-query products,
-each through a float32 copy of the whole bf16 cache; and a fifth to five passes over the logits. In
-`decoding_attention.cc` (beside this file):
-  * `decoding_self_attention`: a cache that is never moved; each row writes its own key and value once per
-    position, and beam search reorders a small int32 `ancestry` [rows, max_len] instead (row r's position j
-    lives in row r + ancestry[r, j]), which the kernel follows when it reads;
+In `decoding_attention.cc` (beside this file), for bfloat16 and float32:
+  * `decoding_self_attention`: one step of masked self-attention over a cache that is never moved; each row
+    writes its own key and value once per position, and beam search reorders a small int32 `ancestry`
+    [rows, max_len] instead (row r's position j lives in row r + ancestry[r, j]), which the kernel follows
+    when it reads;
   * `cross_attention`: the encoder-decoder attention of a step, the beams of a sentence on its memory row;
-  * `beam_scores`: what a beam step reads of the logits, in one pass over each row.
-With them (and the weights cast once, `translation.decode_all`) a step of the main job's model at 40 sentences x
-beam 4 took 4.88 ms against 8.72 ms (`benchmarks/profile_decode.py`), and test_2016_flickr decoded at 487-520
-sentences/s against 266-289 on a 2-vCPU Xeon (two batches at once).
+  * `beam_scores`: what a beam step reads of the logits (`decoding.extension_scores`), in one pass over each row.
+On XLA:CPU those parts of a step go through float32 copies of the whole bf16 cache and five passes over the
+logits; docs/performance.md has what the kernels save. They reach a search only through `backend.CpuDecoding`.
 
 The kernels are compiled on first use with the system's C++ compiler (`$CXX`, split as a shell would, so
 arguments are allowed and a path with spaces must be quoted; else `c++` or `g++`) for the CPU it runs on
-(`-march=native`), into `$TRANSFORMER_JAX_KERNEL_CACHE` (default ~/.cache/transformer_jax/kernels), keyed by
-the source, compiler command, flags, compiler version, jaxlib version and CPU, and registered with XLA for the
-CPU platform; a cached build that no longer loads is built again. Without a compiler, `available()` is False
-(the first failure is logged with its reason) and the model decodes with the XLA path
-(`ModelConfig.decoding_kernel`).
+(`-march=native`), into the kernel cache `$TRANSFORMER_JAX_KERNEL_CACHE` (default
+~/.cache/transformer_jax/kernels), keyed by the source, compiler command, flags, compiler version, jaxlib
+version and CPU, and registered with XLA for the CPU platform. The cache is created with mode 0700, and one that
+another user owns or that its group or others may write is refused. Beside each build its sha256 is recorded;
+a cached build is loaded only where the two agree (and both are this user's alone), else it is built again,
+and a build that no longer loads is built again too. Where the kernels cannot be built or loaded, `available()`
+is False, the first failure is logged once with its reason, and decoding uses the XLA path.
 """
 import ctypes
 import hashlib
@@ -29,6 +28,7 @@ import pathlib
 import platform
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -40,6 +40,7 @@ import numpy as np
 
 Array = jax.Array
 _log = logging.getLogger(__name__)
+CACHE_ENV = 'TRANSFORMER_JAX_KERNEL_CACHE'
 
 _SOURCE = pathlib.Path(__file__).with_name('decoding_attention.cc')
 _FLAGS = ('-O3', '-march=native', '-fno-math-errno', '-fassociative-math', '-fno-signed-zeros',
@@ -77,49 +78,130 @@ def _cpu_key() -> str:
   return platform.machine() + platform.processor()
 
 
-def _build(rebuild: bool = False) -> pathlib.Path:
-  """Compiles decoding_attention.cc unless an identical build is cached (or `rebuild`); returns the shared
-  library's path.
+def cache_directory() -> pathlib.Path:
+  """The kernel cache: $TRANSFORMER_JAX_KERNEL_CACHE, default ~/.cache/transformer_jax/kernels (absolute)."""
+  return pathlib.Path(os.path.expanduser(os.environ.get(CACHE_ENV) or '~/.cache/transformer_jax/kernels')).absolute()
+
+
+def _private(status: os.stat_result) -> bool:
+  """Whether a file or folder is this user's and no one else may write it."""
+  return status.st_uid == os.getuid() and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _check_directory(directory: pathlib.Path) -> None:
+  """Creates the kernel cache with mode 0700 where it does not exist, and refuses one that is not this user's
+  alone: a library planted in it would be loaded into this process.
 
   Raises:
-    KernelUnavailable: no compiler, one that does not run or fails, or a cache folder that cannot be created.
+    KernelUnavailable: it cannot be created, is not a folder, belongs to another user, or its group or others
+      may write it; the message names the folder and the mend.
+  """
+  try:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = directory.stat()
+  except OSError as e:
+    raise KernelUnavailable(f'cannot create the kernel cache {directory} (${CACHE_ENV}): {e}') from e
+  if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid():
+    raise KernelUnavailable(f'refusing the kernel cache {directory}: it is not a folder of this user (uid '
+                            f'{os.getuid()}; owner uid {status.st_uid}); set ${CACHE_ENV} to a folder of your own')
+  if not _private(status):
+    raise KernelUnavailable(f'refusing the kernel cache {directory}: its group or others may write it (mode '
+                            f'{stat.S_IMODE(status.st_mode):o}); mend with `chmod 700 {directory}`, or set '
+                            f'${CACHE_ENV} to a folder of your own')
+
+
+def _compiler() -> list[str]:
+  """The C++ compiler command: $CXX split as a shell would, else `c++` or `g++`.
+
+  Raises:
+    KernelUnavailable: none is found.
   """
   compiler = shlex.split(os.environ.get('CXX', '')) or [shutil.which('c++') or shutil.which('g++') or '']
   if not compiler[0]:
     raise KernelUnavailable('no C++ compiler found (set $CXX, or install g++)')
+  return compiler
+
+
+def _library_path(directory: pathlib.Path, compiler: list[str]) -> pathlib.Path:
+  """Where the build of this source with this compiler for this CPU and jaxlib lives in the cache.
+
+  Raises:
+    KernelUnavailable: the compiler does not run.
+  """
   try:
     version = subprocess.run([*compiler, '--version'], capture_output=True, text=True, check=True).stdout
   except (OSError, subprocess.CalledProcessError) as e:
     raise KernelUnavailable(f'the C++ compiler {" ".join(compiler)!r} does not run: {e}') from e
-  source = _SOURCE.read_bytes()
-  key = hashlib.sha256(b'\0'.join([source, ' '.join([*compiler, *_FLAGS]).encode(), version.encode(),
+  key = hashlib.sha256(b'\0'.join([_SOURCE.read_bytes(), ' '.join([*compiler, *_FLAGS]).encode(), version.encode(),
                                    jaxlib.__version__.encode(), _cpu_key().encode()])).hexdigest()[:16]
-  directory = pathlib.Path(os.path.expanduser(
-      os.environ.get('TRANSFORMER_JAX_KERNEL_CACHE') or '~/.cache/transformer_jax/kernels')).absolute()
-  library = directory / f'decoding_attention-{key}.so'
-  if library.exists() and not rebuild:
-    return library
+  return directory / f'decoding_attention-{key}.so'
+
+
+def _record(library: pathlib.Path) -> pathlib.Path:
+  """The file beside a build that records its sha256, written when it was built."""
+  return library.with_name(library.name + '.sha256')
+
+
+def _sha256(path: pathlib.Path) -> str:
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _verified(library: pathlib.Path) -> bool:
+  """Whether a cached build is one this user built: the library and its record are plain files (not links) of
+  this user that no one else may write, and the library's sha256 is the recorded one."""
   try:
-    directory.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise KernelUnavailable(f'cannot create the kernel cache {directory} ($TRANSFORMER_JAX_KERNEL_CACHE): '
-                            f'{e}') from e
-  with tempfile.TemporaryDirectory(dir=directory) as scratch:
-    built = pathlib.Path(scratch) / library.name
+    if not all(stat.S_ISREG(s.st_mode) and _private(s) for s in (library.lstat(), _record(library).lstat())):
+      return False
+    return _record(library).read_text().strip() == _sha256(library)
+  except OSError:
+    return False
+
+
+def _compile(compiler: list[str], library: pathlib.Path) -> None:
+  """Compiles decoding_attention.cc to `library` and records its sha256 beside it (`_record`).
+
+  Raises:
+    KernelUnavailable: the compiler fails (the message has its output).
+  """
+  with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+    built, record = pathlib.Path(scratch) / library.name, pathlib.Path(scratch) / _record(library).name
     command = [*compiler, *_FLAGS, f'-I{jax.ffi.include_dir()}', str(_SOURCE), '-o', str(built)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
       raise KernelUnavailable(f'{" ".join(command)} failed:\n{result.stderr[-2000:]}')
+    record.write_text(_sha256(built) + '\n')
     os.replace(built, library)  # Atomic: concurrent builders each write a whole file.
+    os.replace(record, _record(library))
+
+
+def _build(rebuild: bool = False) -> pathlib.Path:
+  """The path of a verified build of the kernels: the cached one where `_verified`, else compiled now (or
+  `rebuild`). A cached library that does not match its record is never loaded: it is built again.
+
+  Raises:
+    KernelUnavailable: a kernel cache that is refused or cannot be created (`_check_directory`); no compiler,
+      one that does not run or fails.
+  """
+  directory = cache_directory()
+  _check_directory(directory)
+  compiler = _compiler()
+  library = _library_path(directory, compiler)
+  if not rebuild and _verified(library):
+    return library
+  if not rebuild and os.path.lexists(library):
+    _log.warning('Building the CPU decoding kernels again: %s has no sha256 record of this user that matches it',
+                 library)
+  _compile(compiler, library)
   return library
 
 
 def load() -> None:
   """Builds (once per machine) and registers the kernels with XLA; cheap after the first call. A cached build
-  that does not load is built once more; the first failure is logged with its reason.
+  that does not load is built once more; the first failure is logged, once, with its reason.
 
   Raises:
-    KernelUnavailable: no C++ compiler, or the build or load failed (the message has the compiler's output).
+    KernelUnavailable: a refused kernel cache, no C++ compiler, or the build or load failed (the message says
+      why: the compiler's output, or the mend for the cache).
   """
   global _loaded, _library
   with _lock:
@@ -128,7 +210,7 @@ def load() -> None:
         path = _build()
         try:
           library, symbols = _open(path)
-        except OSError as e:  # A cached build that does not load (e.g. truncated): build it once more.
+        except OSError as e:  # A verified build that does not load (e.g. another C++ runtime): build it once more.
           _log.warning('Rebuilding the CPU decoding kernels: the cached build %s did not load (%s)', path, e)
           library, symbols = _open(_build(rebuild=True))
         for (kernel, dtype), symbol in symbols.items():
@@ -137,7 +219,7 @@ def load() -> None:
         _loaded = ''
       except (KernelUnavailable, OSError, AttributeError) as e:
         _loaded = str(e)
-        _log.warning('The CPU decoding kernels cannot be built or loaded here: %s', _loaded)
+        _log.warning("The CPU decoding kernels cannot be built or loaded here ('auto' decodes with XLA): %s", _loaded)
     if _loaded:
       raise KernelUnavailable(_loaded)
 
@@ -160,31 +242,6 @@ def available() -> bool:
   except KernelUnavailable:
     return False
   return True
-
-
-def wanted(setting: str) -> bool:
-  """Whether to decode with these kernels for a `ModelConfig.decoding_kernel` setting: 'cpu' yes (building
-  them: raises KernelUnavailable where that fails), 'xla' no, 'auto' where JAX's default backend is a single
-  CPU device and the kernels build.
-
-  Raises:
-    ValueError: for another setting, or 'cpu' where JAX's default backend is not the CPU.
-  """
-  if setting == 'cpu':
-    if jax.default_backend() != 'cpu':
-      raise ValueError(f"model.decoding_kernel='cpu' runs on CPUs only; JAX's default backend is "
-                       f"{jax.default_backend()!r} (use 'auto' or 'xla')")
-    try:
-      load()
-    except KernelUnavailable as e:
-      raise KernelUnavailable(f"model.decoding_kernel='cpu', but the C++ kernels cannot be built here ('auto' "
-                              f"decodes with XLA where they cannot, 'xla' always): {e}") from e
-    return True
-  if setting == 'xla':
-    return False
-  if setting != 'auto':
-    raise ValueError(f"decoding_kernel must be 'auto', 'cpu' or 'xla', got {setting!r}")
-  return jax.default_backend() == 'cpu' and jax.device_count() == 1 and available()
 
 
 def cross_attention(query: Array, key: Array, value: Array, valid: Array) -> Array:

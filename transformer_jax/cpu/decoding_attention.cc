@@ -1,10 +1,10 @@
 // The CPU kernels of a beam-search step (§3.2, §6.1) as XLA FFI custom calls, built and registered by
-// transformer_jax/cpu_kernels.py, whose functions document the arguments. Why they exist (docs/performance.md,
-// session 16): on XLA:CPU a step spent most of its time copying the bf16 self-attention cache through float32
-// (the beam reorder's gather, the write of the step's position, the one-query products) and passing five times
-// over the logits.
+// transformer_jax/cpu/kernels.py, whose functions document the arguments, and reaching a search only through
+// transformer_jax/cpu/backend.py. Why they exist: on XLA:CPU a step spends most of its time copying the bf16
+// self-attention cache through float32 (the beam reorder's gather, the write of the step's position, the
+// one-query products) and passing five times over the logits (docs/performance.md has the figures).
 //
-// DecodingAttention (cpu_kernels.decoding_self_attention): masked self-attention over a cache beam search never
+// DecodingAttention (kernels.decoding_self_attention): masked self-attention over a cache beam search never
 // copies. query [rows, num_heads, d_k]; key_cache [rows, kv_heads, max_len, d_k]; value_cache [rows, kv_heads,
 // max_len, d_v]; ancestry int32 [rows, max_len]: row r's key and value at position j are in row
 // r + ancestry[r, j] of the caches (beam search reorders this small array instead of the caches); new_key
@@ -12,10 +12,10 @@
 // there). Query head i reads key/value head i / (num_heads / kv_heads). Returns the output [rows, num_heads,
 // d_v] and the three caches, updated in place (aliased with the inputs).
 //
-// CrossAttention (cpu_kernels.cross_attention): the encoder-decoder attention of a step, the beams of a
+// CrossAttention (kernels.cross_attention): the encoder-decoder attention of a step, the beams of a
 // sentence reading its memory row at its valid (unpadded) positions.
 //
-// BeamScores (cpu_kernels.beam_scores, decoding.extension_scores in one pass over the vocabulary): per row of
+// BeamScores (kernels.beam_scores, decoding.extension_scores in one pass over the vocabulary): per row of
 // logits [rows, vocab], the log-sum-exp over the tokens other than PAD and BOS, the k largest logits of the
 // tokens other than PAD, BOS and EOS (ties to the lowest token id, as lax.top_k) with their ids, and the EOS
 // logit.
@@ -175,7 +175,7 @@ ffi::Error Step(ffi::Buffer<dtype> query, ffi::Buffer<dtype> key_cache, ffi::Buf
   const auto q = query.dimensions(), k = key_cache.dimensions(), v = value_cache.dimensions();
   if (q.size() != 3 || k.size() != 4 || v.size() != 4 || ancestry.dimensions().size() != 2 ||
       new_key.dimensions().size() != 3 || new_value.dimensions().size() != 3 || index.element_count() != 1) {
-    return ffi::Error::InvalidArgument("decoding_attention: wrong ranks (see cpu_kernels.py)");
+    return ffi::Error::InvalidArgument("decoding_attention: wrong ranks (see transformer_jax/cpu/kernels.py)");
   }
   const Shape s{q[0], q[1], k[1], k[2], q[2], v[3]};
   if (k[0] != s.rows || v[0] != s.rows || v[1] != s.kv_heads || v[2] != s.max_len || k[3] != s.d_k ||
@@ -184,7 +184,7 @@ ffi::Error Step(ffi::Buffer<dtype> query, ffi::Buffer<dtype> key_cache, ffi::Buf
       new_key.dimensions()[1] != s.kv_heads || new_key.dimensions()[2] != s.d_k ||
       new_value.dimensions()[0] != s.rows || new_value.dimensions()[1] != s.kv_heads ||
       new_value.dimensions()[2] != s.d_v) {
-    return ffi::Error::InvalidArgument("decoding_attention: shapes do not fit (see cpu_kernels.py)");
+    return ffi::Error::InvalidArgument("decoding_attention: shapes do not fit (see transformer_jax/cpu/kernels.py)");
   }
   if (key_out->untyped_data() != key_cache.untyped_data() ||
       value_out->untyped_data() != value_cache.untyped_data() ||
@@ -219,13 +219,13 @@ ffi::Error CrossAttention(ffi::Buffer<dtype> query, ffi::Buffer<dtype> key, ffi:
   using T = ffi::NativeType<dtype>;
   const auto q = query.dimensions(), k = key.dimensions(), v = value.dimensions(), m = valid.dimensions();
   if (q.size() != 3 || k.size() != 4 || v.size() != 4 || m.size() != 2) {
-    return ffi::Error::InvalidArgument("cross_attention: wrong ranks (see cpu_kernels.py)");
+    return ffi::Error::InvalidArgument("cross_attention: wrong ranks (see transformer_jax/cpu/kernels.py)");
   }
   const int64_t rows = q[0], num_heads = q[1], d_k = q[2], batch = k[0], kv_heads = k[1], src_len = k[2];
   const int64_t d_v = v[3];
   if (batch == 0 || rows % batch != 0 || kv_heads == 0 || num_heads % kv_heads != 0 || k[3] != d_k ||
       v[0] != batch || v[1] != kv_heads || v[2] != src_len || m[0] != batch || m[1] != src_len) {
-    return ffi::Error::InvalidArgument("cross_attention: shapes do not fit (see cpu_kernels.py)");
+    return ffi::Error::InvalidArgument("cross_attention: shapes do not fit (see transformer_jax/cpu/kernels.py)");
   }
   const int64_t beams = rows / batch, groups = num_heads / kv_heads;
   const AttendFn<T> attend = AttendFor<T>(d_k, d_v);
