@@ -35,9 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import model as model_lib
-from transformer_jax import translation
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.decoding import backends
+from transformer_jax.decoding import translate
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import benchmark
 from transformer_jax.tools import export
@@ -59,7 +60,7 @@ def main() -> None:
   model, cfg = setup.model, setup.model.cfg
   sources = benchmark.synthetic_batch(cfg, args.sentences, args.source_length, 1)['source_tokens']
   float32_params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(sources), jnp.asarray(sources))['params'])
-  params = model_lib.params_in_compute_dtype(float32_params, cfg)  # Ours, as translation.decode_all casts them.
+  params = model_lib.params_in_compute_dtype(float32_params, cfg)  # Ours, as translate.decode_all casts them.
   beam, alpha, extra = config.decode.beam_size, config.decode.alpha, config.decode.extra_length
   steps = args.source_length + extra
 
@@ -68,8 +69,8 @@ def main() -> None:
   for kernel in args.decoding_kernel.split(','):
     name = 'ours' if kernel == 'auto' else f'ours_{kernel}'
     kernel_model = model_lib.Transformer(dataclasses.replace(cfg, decoding_kernel=kernel))
-    backend = translation.decoding_backend(kernel_model.cfg)  # On the host, before the search is traced.
-    decode = jax.jit(lambda p, s, m=kernel_model, b=backend: translation.decode_batch(
+    backend = backends.decoding_backend(kernel_model.cfg)  # On the host, before the search is traced.
+    decode = jax.jit(lambda p, s, m=kernel_model, b=backend: translate.decode_batch(
         p, s, model=m, beam_size=beam, alpha=alpha, extra_length=extra, backend=b))
     start = time.perf_counter()
     tokens[name] = np.asarray(jax.block_until_ready(decode(params, source_device)))

@@ -4,11 +4,11 @@ need, and a decoding step's time by batch size.
   python benchmarks/decode_rows.py --workdir=RUN [--split=test] [--beam_size=4 --alpha=1.4] [--tokens_per_batch=512]
 
 1. Decodes the split as `evaluate.translate_ids` batches it (decode.tokens_per_batch source tokens per batch,
-   one compiled search per batch, `translation.decode_batch` with early_stopping='finished') and counts
+   one compiled search per batch, `translate.decode_batch` with early_stopping='finished') and counts
    sentence-steps: each batch runs (rows) x (the last step of its slowest sentence); its sentences need the sum
    of their own last steps (the longest of their returned hypotheses). Prints both and their ratio: what
    dropping finished sentences (`decode.compact_every_steps`) can save at most.
-2. Times one compiled decoding loop (`translation._continue`: the search's steps, 24 of them, over a
+2. Times one compiled decoding loop (`translate._continue`: the search's steps, 24 of them, over a
    32-position self-attention cache) at 8 ... 256 sentences of 16 random source tokens, fastest of 3 calls:
    ms per step and microseconds per hypothesis-step.
 Prints one JSON line per measurement; run it alone on the machine (the figures are times). docs/performance.md
@@ -30,9 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import translation
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.decoding import backends
+from transformer_jax.decoding import translate
 from transformer_jax.evaluation import evaluate
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.training import experiment
@@ -45,9 +46,9 @@ def sentence_steps(config, setup, params, split, beam_size: int, alpha: float) -
                                               tokens_per_batch=tokens_per_batch)
   run = needed = 0
   for batch in batches:
-    tokens, _ = translation.decode_batch(params, jnp.asarray(batch['source_tokens']), model=setup.model,
-                                         beam_size=beam_size, alpha=alpha, extra_length=config.decode.extra_length,
-                                         with_scores=True, early_stopping='finished')
+    tokens, _ = translate.decode_batch(params, jnp.asarray(batch['source_tokens']), model=setup.model,
+                                       beam_size=beam_size, alpha=alpha, extra_length=config.decode.extra_length,
+                                       with_scores=True, early_stopping='finished')
     last_step = (np.asarray(tokens) != tokenizer_lib.PAD_ID).sum(-1).max(-1)  # [batch]
     real = batch['example_index'] >= 0
     run += int(last_step.max()) * len(real)
@@ -60,14 +61,14 @@ def step_times(setup, params, beam_size: int, alpha: float, steps: int = 24, cac
   """A decoding loop's ms per step at several batch sizes (see the module docstring)."""
   rng = np.random.default_rng(0)
   rows = []
-  backend = translation.decoding_backend(setup.model.cfg)
+  backend = backends.decoding_backend(setup.model.cfg)
   for batch_size in (8, 16, 32, 64, 128, 256):
     source = rng.integers(tokenizer_lib.EOS_ID + 1, setup.model.cfg.vocab_size, (batch_size, 16)).astype(np.int32)
     source[:, -1] = tokenizer_lib.EOS_ID
-    state, context = translation._start_jit(  # pylint: disable=protected-access
+    state, context = translate._start_jit(  # pylint: disable=protected-access
         params, jnp.asarray(source), model=setup.model, backend=backend, beam_size=beam_size, extra_length=50,
-        max_steps=66, cache_length=cache_length, greedy=False)
-    run = lambda: jax.block_until_ready(translation._continue_jit(  # pylint: disable=protected-access
+        max_steps=66, cache_length=cache_length, is_greedy=False)
+    run = lambda: jax.block_until_ready(translate._continue_jit(  # pylint: disable=protected-access
         params, state, context, steps, model=setup.model, backend=backend, alpha=alpha, early_stopping='bound',
         cache_length=cache_length))
     run()

@@ -32,11 +32,11 @@ import ctranslate2
 import jax
 import sentencepiece
 
-from transformer_jax import model as model_lib
-from transformer_jax import translation
 from transformer_jax.data import input_pipeline
+from transformer_jax.decoding import translate
 from transformer_jax.evaluation import bleu
 from transformer_jax.evaluation import evaluate
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import export
 from transformer_jax.training import experiment
@@ -89,7 +89,7 @@ def main() -> None:
     for kernel, count in itertools.product(args.decoding_kernel.split(','), counts):
       config.decode.concurrent_batches = count
       model = model_lib.Transformer(dataclasses.replace(setup.model.cfg, decoding_kernel=kernel))
-      at_once = translation.concurrent_batches_for(count) if jax.device_count() == 1 else 1
+      at_once = translate.concurrent_batches_for(count) if jax.device_count() == 1 else 1
       label = (f'ours, {config.decode.early_stopping}, decode.tokens_per_batch={config.decode.tokens_per_batch}, '
                f'decode.compact_every_steps={config.decode.compact_every_steps}, {at_once} batch(es) at once, '
                f'model.decoding_kernel={kernel}')

@@ -3,7 +3,7 @@
   python benchmarks/profile_decode.py --workdir=RUN [--sentences=40] [--decoding_kernel=xla,cpu]
 
 For each `model.decoding_kernel` setting: starts a search of --sentences random 16-token sources (beam 4, the
-run's checkpoint as `eval.checkpoint_selection` chooses it), compiles `translation._continue` for --steps steps
+run's checkpoint as `eval.checkpoint_selection` chooses it), compiles `translate._continue` for --steps steps
 over a --cache_length-position self-attention cache, times it untraced (fastest of 3), then traces one call and
 sums the XLA ops' time per step by part of the model (self-attention, encoder-decoder attention, feed-forward,
 logits and embedding; the rest is the search's own work: scores, top-k, reorders), through the ops' `op_name`
@@ -33,10 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import profile_step  # pylint: disable=g-bad-import-order  (beside this script)
-from transformer_jax import model as model_lib
-from transformer_jax import translation
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.decoding import backends
+from transformer_jax.decoding import translate
 from transformer_jax.evaluation import evaluate
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.training import experiment
 
@@ -65,14 +66,14 @@ def main() -> None:
   source[:, -1] = tokenizer_lib.EOS_ID
   for kernel in args.decoding_kernel.split(','):
     model = model_lib.Transformer(dataclasses.replace(setup.model.cfg, decoding_kernel=kernel))
-    backend = translation.decoding_backend(model.cfg)
-    cast = model_lib.params_in_compute_dtype(params, model.cfg)  # As translation.decode_all does.
-    state, context = translation._start_jit(  # pylint: disable=protected-access
+    backend = backends.decoding_backend(model.cfg)
+    cast = model_lib.params_in_compute_dtype(params, model.cfg)  # As translate.decode_all does.
+    state, context = translate._start_jit(  # pylint: disable=protected-access
         cast, jnp.asarray(source), model=model, backend=backend, beam_size=4, extra_length=50, max_steps=66,
-        cache_length=args.cache_length, greedy=False)
+        cache_length=args.cache_length, is_greedy=False)
     options = dict(model=model, backend=backend, alpha=0.6, early_stopping='bound',
                    cache_length=args.cache_length)
-    run = lambda: jax.block_until_ready(translation._continue_jit(  # pylint: disable=protected-access
+    run = lambda: jax.block_until_ready(translate._continue_jit(  # pylint: disable=protected-access
         cast, state, context, args.steps, **options))
     run()
     seconds = []
@@ -80,7 +81,7 @@ def main() -> None:
       start = time.perf_counter()
       run()
       seconds.append(time.perf_counter() - start)
-    compiled = translation._continue_jit.lower(  # pylint: disable=protected-access
+    compiled = translate._continue_jit.lower(  # pylint: disable=protected-access
         cast, state, context, args.steps, **options).compile()
     names = profile_step._op_names(compiled.as_text())  # pylint: disable=protected-access
     directory = pathlib.Path(tempfile.mkdtemp(prefix='profile_decode_'))

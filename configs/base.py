@@ -30,7 +30,7 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
-  # §3: architecture. Field names match transformer_jax.model.ModelConfig one to one.
+  # §3: architecture. Field names match transformer_jax.model.transformer.ModelConfig one to one.
   config.model = ml_collections.ConfigDict(dict(
       num_layers=6,
       d_model=512,
@@ -120,7 +120,7 @@ def get_config() -> ml_collections.ConfigDict:
       # last one finishes: on CPUs smaller is faster.
       tokens_per_batch=0,
       # On one device, look every this many steps which sentences are done and go on with the others in a
-      # smaller batch (translation.decode_batch_compacted: same output, fewer rows computed, more programs
+      # smaller batch (decoding.translate.decode_batch_compacted: same output, fewer rows computed, more programs
       # to compile); 0: one compiled search per batch, run until its last sentence ends. On a 2-vCPU Xeon,
       # test_2016_flickr: 1.06-1.25x the sentences/s once compiled, but ~8 s more compilation: worth it for
       # long decodes (break-even near 20k sentences with 'finished', 3k with 'bound'). Ignored over devices.

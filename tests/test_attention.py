@@ -1,10 +1,10 @@
-"""Tests for transformer_jax.attention: Eq. 1 against NumPy, masks, and the fused path."""
+"""Tests for transformer_jax.model.attention: Eq. 1 against NumPy, masks, and the fused path."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import attention
+from transformer_jax.model import attention
 
 BATCH, Q_LEN, KV_LEN, HEADS, D_K, D_V = 2, 3, 5, 2, 4, 6
 

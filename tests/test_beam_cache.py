@@ -1,12 +1,12 @@
-"""Cached beam search through the model (translation.decode_batch) against a search without any cache.
+"""Cached beam search through the model (translate.decode_batch) against a search without any cache.
 
-The reference below is written independently of decoding.py: plain Python lists of hypotheses, one sentence at
+The reference below is written independently of transformer_jax.decoding: plain Python lists of hypotheses, one sentence at
 a time, and for every step one full teacher-forced forward pass of the model over each live prefix (BOS +
-tokens so far), so there is no K/V cache to reorder. It follows the search's rules (Sec. 6.1 as decoding.py
+tokens so far), so there is no K/V cache to reorder. It follows the search's rules (Sec. 6.1 as decoding/beam.py
 documents them): each step extends every live hypothesis by its beam_size best non-EOS tokens and by EOS; an
 EOS extension finishes if it ranks among the beam_size most probable extensions of the sentence, every
 extension finishes at the length limit L_b = source length + extra_length; scores are log P / lp(|Y|). It has
-no early stop: it runs every sentence to L_b, which also checks that decoding.py's early stop loses nothing.
+no early stop: it runs every sentence to L_b, which also checks that decoding/beam.py's early stop loses nothing.
 
 It also covers issue #16 class 3 (batch composition): the same sentence alone, beside much longer ones and at
 other batch sizes decodes to the same tokens and scores.
@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import model as model_lib
-from transformer_jax import translation
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.decoding import translate
+from transformer_jax.model import transformer as model_lib
 
 PAD, EOS, BOS = tokenizer_lib.PAD_ID, tokenizer_lib.EOS_ID, tokenizer_lib.BOS_ID
 VOCAB = 24
@@ -107,8 +107,8 @@ def strip(row):
   return tuple(int(t) for t in row if t != PAD)
 
 
-def cached(model, params, source, beam_size, alpha, extra_length, cache_stages=translation.CACHE_STAGES):
-  tokens, scores = translation.decode_batch(params, jnp.asarray(source), model=model, beam_size=beam_size,
+def cached(model, params, source, beam_size, alpha, extra_length, cache_stages=translate.CACHE_STAGES):
+  tokens, scores = translate.decode_batch(params, jnp.asarray(source), model=model, beam_size=beam_size,
                                          alpha=alpha, extra_length=extra_length, cache_stages=cache_stages,
                                          with_scores=True)
   return np.asarray(tokens), np.asarray(scores)

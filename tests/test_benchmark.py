@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import model as model_lib
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import benchmark
 from transformer_jax.training import flops as flops_lib
 from transformer_jax.training import memory

@@ -13,7 +13,7 @@ import jax
 from ml_collections import config_flags
 import pytest
 
-from transformer_jax import model as model_lib
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import summary
 from transformer_jax.training import config_checks
 from transformer_jax.training import flops

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 
 from tests.test_evaluate import SOURCE, init_params, make_model
-from transformer_jax import attention
-from transformer_jax import decoding
-from transformer_jax import model as model_lib
-from transformer_jax import translation
 from transformer_jax.cpu import backend as cpu_backend
 from transformer_jax.cpu import kernels
+from transformer_jax.decoding import backends
+from transformer_jax.decoding import beam
+from transformer_jax.decoding import translate
+from transformer_jax.model import attention
+from transformer_jax.model import transformer as model_lib
 
 CPU = cpu_backend.CpuDecoding()
 
@@ -53,11 +54,11 @@ def test_kernel_steps_equal_the_xla_path_with_beams_reordered(dtype, tolerance, 
   reorders the ancestry instead, gives the output of the XLA path, which gathers the whole cache at every step
   (multi-head, grouped-query, multi-query)."""
   rng = np.random.default_rng(0)
-  beam, rows, heads, max_len, d = 4, 12, 4, 8, 64
+  beam_size, rows, heads, max_len, d = 4, 12, 4, 8, 64
   draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
   queries, new_keys, new_values = draw(max_len, rows, heads, d), draw(max_len, rows, kv_heads, d), draw(
       max_len, rows, kv_heads, d)
-  parents = jnp.asarray(rng.integers(0, beam, (max_len, rows // beam, beam)))
+  parents = jnp.asarray(rng.integers(0, beam_size, (max_len, rows // beam_size, beam_size)))
   empty = jnp.zeros((rows, kv_heads, max_len, d), dtype)
 
   @jax.jit
@@ -65,9 +66,9 @@ def test_kernel_steps_equal_the_xla_path_with_beams_reordered(dtype, tolerance, 
     def step(carry, x):
       reference, kernel, ancestry = carry
       index, query, new_key, new_value, parent = x
-      rows_of = (jnp.arange(rows // beam)[:, None] * beam + parent).reshape(-1)
+      rows_of = (jnp.arange(rows // beam_size)[:, None] * beam_size + parent).reshape(-1)
       expected, *reference = gathered_step(query, *reference, new_key, new_value, rows_of, index)
-      ancestry = CPU.reorder_cache({'ancestry': ancestry}, parent, beam)['ancestry']
+      ancestry = CPU.reorder_cache({'ancestry': ancestry}, parent, beam_size)['ancestry']
       output, *kernel, ancestry = kernels.decoding_self_attention(query, *kernel, ancestry, new_key,
                                                                      new_value, index)
       return (tuple(reference), tuple(kernel), ancestry), (output, expected)
@@ -122,9 +123,9 @@ def test_kernels_decode_the_same_translations(overrides, beam_size):
     model = make_model(decoding_kernel=kernel, **overrides)
     params = init_params(model, seed=3)
     common = dict(model=model, beam_size=beam_size, alpha=0.6, extra_length=9, cache_stages=(4, 8))
-    plain = translation.decode_batch(params, jnp.asarray(source), with_scores=True, **common)
-    compacted = translation.decode_batch_compacted(params, source, compact_every_steps=2, min_size=2,
-                                                   with_scores=beam_size > 1, **common)
+    plain = translate.decode_batch(params, jnp.asarray(source), with_scores=True, **common)
+    compacted = translate.decode_batch_compacted(params, source, compact_every_steps=2, min_size=2,
+                                                 with_scores=beam_size > 1, **common)
     compacted = compacted if isinstance(compacted, tuple) else (compacted,)
     results[kernel] = [np.asarray(x) for x in (*plain, *compacted)]
   for got, expected in zip(results['cpu'], results['xla']):
@@ -133,10 +134,10 @@ def test_kernels_decode_the_same_translations(overrides, beam_size):
 
 def self_attention_cache_names(backend='chosen', **overrides):
   """The entries of a self-attention cache as `Transformer.init_cache` creates them under a backend: 'chosen' by
-  `translation.decoding_backend` from the model's config, or None for the model alone."""
+  `backends.decoding_backend` from the model's config, or None for the model alone."""
   model = make_model(**overrides)
   if backend == 'chosen':
-    backend = translation.decoding_backend(model.cfg)
+    backend = backends.decoding_backend(model.cfg)
   memory = jnp.zeros((2, SOURCE.shape[1], 16))
   with backend.attention() if backend else contextlib.nullcontext():
     shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), memory, jnp.asarray(SOURCE != 0, jnp.int32), 5,
@@ -185,11 +186,11 @@ def test_the_backend_is_chosen_once_on_the_host(monkeypatch):
   monkeypatch.setattr(cpu_backend, 'wanted', lambda cfg: (calls.append(tracing()), wanted(cfg))[1])
   model = make_model()
   params = init_params(model, seed=1)
-  translation.decode_batch_compacted(params, SOURCE, model=model, beam_size=2, alpha=0.6, extra_length=3,
-                                     compact_every_steps=1, min_size=1)
+  translate.decode_batch_compacted(params, SOURCE, model=model, beam_size=2, alpha=0.6, extra_length=3,
+                                   compact_every_steps=1, min_size=1)
   batches = [{'source_tokens': SOURCE, 'example_index': np.arange(len(SOURCE))}]
-  translation.decode_all(params, batches, len(SOURCE), model=model, beam_size=2, alpha=0.6, extra_length=3,
-                         compact_every_steps=1)
+  translate.decode_all(params, batches, len(SOURCE), model=model, beam_size=2, alpha=0.6, extra_length=3,
+                       compact_every_steps=1)
   assert calls == [False, False]
 
 
@@ -211,10 +212,10 @@ def test_cpu_setting_names_the_config_key_where_the_kernels_cannot_build(monkeyp
   monkeypatch.setattr(kernels, '_loaded', None)  # Not built yet in this process, as far as load() knows.
   monkeypatch.setenv('CXX', str(tmp_path / 'no-such-compiler'))
   with pytest.raises(kernels.KernelUnavailable, match=r"model.decoding_kernel='cpu'.*'auto'.*does not run"):
-    translation.decoding_backend(make_model(decoding_kernel='cpu').cfg)
+    backends.decoding_backend(make_model(decoding_kernel='cpu').cfg)
   monkeypatch.setattr(jax, 'device_count', lambda: 1)
   # Where 'auto' would take them, it falls back to XLA instead.
-  assert translation.decoding_backend(make_model(decoding_kernel='auto').cfg) == translation.XlaDecoding()
+  assert backends.decoding_backend(make_model(decoding_kernel='auto').cfg) == backends.XlaDecoding()
 
 
 @pytest.mark.integration
@@ -256,7 +257,7 @@ def test_a_decoding_step_with_attention_dropout_leaves_the_cross_attention_kerne
   for kernel in ('cpu', 'xla'):
     model = make_model(decoding_kernel=kernel, attention_dropout_rate=0.5)
     params = init_params(model, seed=6)
-    with translation.decoding_backend(model.cfg).attention():
+    with backends.decoding_backend(model.cfg).attention():
       _, variables = model.apply({'params': params}, memory, segment_ids, 4, method='init_cache', mutable=['cache'])
       logits[kernel], _ = model.apply({'params': params, 'cache': variables['cache']}, jnp.ones((2, 1), jnp.int32),
                                       memory, segment_ids, deterministic=False, use_cache=True, method='decode',
@@ -287,7 +288,7 @@ def test_beam_scores_equal_the_xla_path(dtype):
   special = dict(eos_id=2, bos_id=1, pad_id=0)
   for x, k in ((logits, 4), (logits[:2, :10], 10)):
     x = jnp.asarray(x, dtype)
-    got, expected = kernels.beam_scores(x, k, **special), decoding.extension_scores(x, k, **special)
+    got, expected = kernels.beam_scores(x, k, **special), beam.extension_scores(x, k, **special)
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-6)  # Log-sum-exp: float32 rounding apart.
     for g, e in zip(got[1:], expected[1:]):
       np.testing.assert_array_equal(g, e)
@@ -304,12 +305,13 @@ def test_cross_attention_equals_the_xla_path(dtype, tolerance, kv_heads):
   """3 sentences x beam 2 against memories of 5 positions, one sentence with 2 padded positions and one with
   all 5 padded (zeros out, as the XLA path's fully masked rows)."""
   rng = np.random.default_rng(2)
-  batch, beam, heads, src_len, d = 3, 2, 4, 5, 64
+  batch, beam_size, heads, src_len, d = 3, 2, 4, 5, 64
   draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
-  query, key, value = draw(batch * beam, heads, d), draw(batch, kv_heads, src_len, d), draw(batch, kv_heads, src_len, d)
+  query = draw(batch * beam_size, heads, d)
+  key, value = draw(batch, kv_heads, src_len, d), draw(batch, kv_heads, src_len, d)
   valid = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], bool)
   got = kernels.cross_attention(query, key, value, valid)
-  folded = query.reshape(batch, beam, heads, d)  # The beams of a sentence as its query positions.
+  folded = query.reshape(batch, beam_size, heads, d)  # The beams of a sentence as its query positions.
   expected, _ = attention.dot_product_attention(folded, jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2),
                                                 valid[:, None, None, :])
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected.reshape(got.shape), np.float32),
@@ -320,7 +322,7 @@ def test_cross_attention_equals_the_xla_path(dtype, tolerance, kv_heads):
 @pytest.mark.integration
 @pytest.mark.parametrize('kernel', ['cpu', 'xla'])
 def test_weights_cast_before_the_search_decode_the_same(kernel, request):
-  """`model.params_in_compute_dtype` (what translation.decode_all does once) leaves a bf16 search's tokens and
+  """`transformer.params_in_compute_dtype` (what translate.decode_all does once) leaves a bf16 search's tokens and
   scores exactly as casting inside every step does; norm parameters (1-D) stay float32."""
   if kernel == 'cpu':
     request.getfixturevalue('kernels')
@@ -329,8 +331,8 @@ def test_weights_cast_before_the_search_decode_the_same(kernel, request):
   cast = model_lib.params_in_compute_dtype(params, model.cfg)
   assert cast['shared_embedding']['embedding'].dtype == jnp.bfloat16
   assert {x.dtype for x in jax.tree.leaves(cast) if x.ndim == 1} == {jnp.dtype(jnp.float32)}
-  decode = lambda p: translation.decode_batch(p, jnp.asarray(SOURCE), model=model, beam_size=3, alpha=0.6,
-                                              extra_length=6, with_scores=True)
+  decode = lambda p: translate.decode_batch(p, jnp.asarray(SOURCE), model=model, beam_size=3, alpha=0.6,
+                                            extra_length=6, with_scores=True)
   for got, expected in zip(decode(cast), decode(params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
@@ -371,7 +373,7 @@ def test_a_kernel_cache_others_may_write_is_refused(no_loading, caplog, monkeypa
     with pytest.raises(kernels.KernelUnavailable, match=f'group or others may write it.*{mend}'):
       kernels.load()
     monkeypatch.setattr(jax, 'device_count', lambda: 1)
-    assert translation.decoding_backend(make_model(decoding_kernel='auto').cfg) == translation.XlaDecoding()
+    assert backends.decoding_backend(make_model(decoding_kernel='auto').cfg) == backends.XlaDecoding()
   assert loaded == [] and built == []
   line, = refusal_lines(caplog)
   assert f'refusing the kernel cache {directory}' in line and f'chmod 700 {directory}' in line

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.decoding against exhaustive search over a toy second-order model.
+"""Tests for transformer_jax.decoding (beam, greedy, search) against exhaustive search over a toy second-order model.
 
 The toy model scores the next token from the last two tokens and a per-sentence bias:
 logits = t1[prev1] + t2[prev2] + bias[sentence]. step_fn reads prev2 from a per-row token history
@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import decoding
+from transformer_jax.decoding import beam
+from transformer_jax.decoding import greedy
+from transformer_jax.decoding import search
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 6
@@ -47,7 +49,7 @@ def make_cache(bias, beam_size, max_steps):
   rows = bias.shape[0] * beam_size
   return dict(step=jnp.zeros((), jnp.int32),
               history=jnp.zeros((rows, max_steps), jnp.int32),
-              bias=decoding.expand_to_beams(jnp.asarray(bias), beam_size))
+              bias=beam.expand_to_beams(jnp.asarray(bias), beam_size))
 
 
 def np_log_probs(model, b, prev2, prev1):
@@ -99,25 +101,25 @@ def run_beam(model, lengths, beam_size, alpha, max_steps, calls=None, jit=True, 
              early_stopping='bound'):
   t1, t2, bias = model
   cache_length, stage_kwargs = staging(cache_stages, max_steps)
-  search = functools.partial(
-      decoding.beam_search, make_step_fn(t1, t2, calls), batch_size=bias.shape[0],
+  run = functools.partial(
+      beam.beam_search, make_step_fn(t1, t2, calls), batch_size=bias.shape[0],
       beam_size=beam_size, alpha=alpha, max_steps=max_steps, eos_id=EOS, bos_id=BOS,
       early_stopping=early_stopping, **stage_kwargs)
   if jit:
-    search = jax.jit(search)
-  tokens, scores = search(make_cache(bias, beam_size, cache_length),
-                          max_decode_lengths=jnp.asarray(lengths, jnp.int32))
+    run = jax.jit(run)
+  tokens, scores = run(make_cache(bias, beam_size, cache_length),
+                       max_decode_lengths=jnp.asarray(lengths, jnp.int32))
   return np.asarray(tokens), np.asarray(scores)
 
 
 def run_greedy(model, lengths, max_steps, cache_stages=()):
   t1, t2, bias = model
   cache_length, stage_kwargs = staging(cache_stages, max_steps)
-  search = jax.jit(functools.partial(
-      decoding.greedy_search, make_step_fn(t1, t2), batch_size=bias.shape[0],
+  run = jax.jit(functools.partial(
+      greedy.greedy_search, make_step_fn(t1, t2), batch_size=bias.shape[0],
       max_steps=max_steps, eos_id=EOS, bos_id=BOS, **stage_kwargs))
-  return np.asarray(search(make_cache(bias, 1, cache_length),
-                           max_decode_lengths=jnp.asarray(lengths, jnp.int32)))
+  return np.asarray(run(make_cache(bias, 1, cache_length),
+                        max_decode_lengths=jnp.asarray(lengths, jnp.int32)))
 
 
 def check_well_formed(tokens, scores, lengths):
@@ -168,8 +170,8 @@ def test_hypotheses_without_eos_returned_whole():
   for b, length in enumerate(lengths):
     for row in tokens[b]:
       assert len(strip(row)) == length and EOS not in row
-  greedy = run_greedy(model, lengths, max_steps=8)
-  assert [len(strip(row)) for row in greedy] == lengths
+  greedy_tokens = run_greedy(model, lengths, max_steps=8)
+  assert [len(strip(row)) for row in greedy_tokens] == lengths
 
 
 def bigram_model(from_bos, from_word, rows=None):
@@ -234,18 +236,18 @@ def test_beam_size_one_equals_greedy():
   t1 = model[0]
   t1[5, EOS] = 10.0
   lengths = [6, 3, 6, 2]
-  greedy = run_greedy(model, lengths, max_steps=6)
+  greedy_tokens = run_greedy(model, lengths, max_steps=6)
   tokens, _ = run_beam(model, lengths, beam_size=1, alpha=0.0, max_steps=6)
-  np.testing.assert_array_equal(tokens[:, 0], greedy)
+  np.testing.assert_array_equal(tokens[:, 0], greedy_tokens)
 
 
 def test_beam_size_one_equals_greedy_even_where_a_passed_over_eos_scores_better():
   # EOS ranks second at the first step: as in fairseq, only EOS extensions among the beam_size best
   # may finish, so beam 1 follows greedy to [3, EOS] although [EOS] alone is more probable.
   model = bigram_model([0.4, 0.5, 0.05, 0.05], [0.6, 0.2, 0.1, 0.1])
-  greedy = run_greedy(model, [5], max_steps=5)
+  greedy_tokens = run_greedy(model, [5], max_steps=5)
   tokens, _ = run_beam(model, [5], beam_size=1, alpha=0.0, max_steps=5)
-  assert strip(greedy[0]) == (3, EOS)
+  assert strip(greedy_tokens[0]) == (3, EOS)
   assert strip(tokens[0, 0]) == (3, EOS)  # Not (EOS,), although log 0.4 > log(0.5 * 0.6).
   wide, _ = run_beam(model, [5], beam_size=2, alpha=0.0, max_steps=5)
   assert strip(wide[0, 0]) == (EOS,)  # A beam of 2 keeps the EOS ending and finds the better one.
@@ -254,12 +256,12 @@ def test_beam_size_one_equals_greedy_even_where_a_passed_over_eos_scores_better(
 def test_greedy_matches_numpy():
   lengths = [5, 2, 4]
   model = make_model(seed=4, batch=3)
-  greedy = run_greedy(model, lengths, max_steps=6)
+  greedy_tokens = run_greedy(model, lengths, max_steps=6)
   for b, length in enumerate(lengths):
     history = [PAD, BOS]
     while len(history) - 2 < length and history[-1] != EOS:
       history.append(int(np.argmax(np_log_probs(model, b, history[-2], history[-1]))))
-    assert strip(greedy[b]) == tuple(history[2:])
+    assert strip(greedy_tokens[b]) == tuple(history[2:])
 
 
 @pytest.mark.integration
@@ -290,40 +292,40 @@ def test_staged_cache_gives_the_same_search(cache_stages):
 
 
 
-@pytest.mark.parametrize('early_stopping', decoding.EARLY_STOPPING)
+@pytest.mark.parametrize('early_stopping', beam.EARLY_STOPPING)
 def test_search_in_pieces_with_sentences_taken_out_equals_the_whole_search(early_stopping):
-  batch, beam, max_steps = 5, 3, 6
+  batch, beam_size, max_steps = 5, 3, 6
   t1, t2, bias = make_model(3, batch, eos_logit=1.0)
   step_fn = make_step_fn(t1, t2)
   lengths = jnp.array([2, 6, 4, 6, 3])
   special = dict(eos_id=EOS, bos_id=BOS, pad_id=PAD)
   sizes = dict(batch_size=batch, max_decode_lengths=lengths, max_steps=max_steps)
-  want_tokens, want_scores = decoding.beam_search(step_fn, make_cache(bias, beam, max_steps), beam_size=beam,
-                                                  alpha=0.6, early_stopping=early_stopping, **sizes, **special)
-  state = decoding.init_beam_search(make_cache(bias, beam, max_steps), beam_size=beam, **sizes, **special)
-  state = decoding.continue_beam_search(state, step_fn, until=2, alpha=0.6, early_stopping=early_stopping,
-                                        **special)
+  want_tokens, want_scores = beam.beam_search(step_fn, make_cache(bias, beam_size, max_steps), beam_size=beam_size,
+                                              alpha=0.6, early_stopping=early_stopping, **sizes, **special)
+  state = beam.init_beam_search(make_cache(bias, beam_size, max_steps), beam_size=beam_size, **sizes, **special)
+  state = beam.continue_beam_search(state, step_fn, until=2, alpha=0.6, early_stopping=early_stopping,
+                                    **special)
   assert int(state.step) == 2 and bool(state.done[0])  # Sentence 0 (L_b = 2) is done; its output is final.
-  np.testing.assert_array_equal(decoding.beam_search_output(state, PAD)[0][0], want_tokens[0])
+  np.testing.assert_array_equal(beam.beam_search_output(state, PAD)[0][0], want_tokens[0])
   keep = jnp.array([4, 1, 3])  # Reordered; 0 and 2 leave.
-  state = decoding.take_sentences(state, keep)
-  state = decoding.continue_beam_search(state, step_fn, until=max_steps, alpha=0.6, early_stopping=early_stopping,
-                                        **special)
-  tokens, scores = decoding.beam_search_output(state, PAD)
+  state = search.take_sentences(state, keep)
+  state = beam.continue_beam_search(state, step_fn, until=max_steps, alpha=0.6, early_stopping=early_stopping,
+                                    **special)
+  tokens, scores = beam.beam_search_output(state, PAD)
   np.testing.assert_array_equal(tokens, want_tokens[keep])
   np.testing.assert_allclose(scores, want_scores[keep], rtol=1e-6)
   # Greedy alike.
   greedy_cache = make_cache(bias, 1, max_steps)
-  want = decoding.greedy_search(step_fn, greedy_cache, **sizes, **special)
-  state = decoding.init_greedy_search(greedy_cache, **sizes, **special)
-  state = decoding.take_sentences(decoding.continue_greedy_search(state, step_fn, until=3, **special), keep)
-  state = decoding.continue_greedy_search(state, step_fn, until=max_steps, **special)
+  want = greedy.greedy_search(step_fn, greedy_cache, **sizes, **special)
+  state = greedy.init_greedy_search(greedy_cache, **sizes, **special)
+  state = search.take_sentences(greedy.continue_greedy_search(state, step_fn, until=3, **special), keep)
+  state = greedy.continue_greedy_search(state, step_fn, until=max_steps, **special)
   np.testing.assert_array_equal(state.tokens, want[keep])
 
 
 def test_stage_ends_sorted_below_max_steps_then_max_steps():
-  assert decoding.stage_ends(70, (64, 16, 32, 128, 0)) == [16, 32, 64, 70]
-  assert decoding.stage_ends(16, (16, 32)) == [16] and decoding.stage_ends(5, ()) == [5]
+  assert search.stage_ends(70, (64, 16, 32, 128, 0)) == [16, 32, 64, 70]
+  assert search.stage_ends(16, (16, 32)) == [16] and search.stage_ends(5, ()) == [5]
 
 @pytest.mark.parametrize('shape, k', [((3, 1000), 4), ((2, 5, 777), 1), ((4, 4000), 16), ((2, 100), 3)])
 def test_top_k_matches_lax_top_k_with_ties_and_infinities(shape, k):
@@ -333,29 +335,29 @@ def test_top_k_matches_lax_top_k_with_ties_and_infinities(shape, k):
   x[0, ...] = -np.inf  # A row with no finite entry.
   x = jnp.asarray(x, jnp.float32)
   want_values, want_index = jax.lax.top_k(x, k)
-  values, index = jax.jit(decoding._top_k, static_argnums=1)(x, k)
+  values, index = jax.jit(beam._top_k, static_argnums=1)(x, k)
   np.testing.assert_array_equal(values, want_values)
   np.testing.assert_array_equal(index, want_index)
 
 
 def test_expand_to_beams_is_beam_major():
   x = jnp.arange(6).reshape(2, 3)
-  np.testing.assert_array_equal(decoding.expand_to_beams(x, 2), [[0, 1, 2]] * 2 + [[3, 4, 5]] * 2)
+  np.testing.assert_array_equal(beam.expand_to_beams(x, 2), [[0, 1, 2]] * 2 + [[3, 4, 5]] * 2)
 
 
 def test_bad_arguments_raise():
   t1, t2, bias = make_model(seed=6, batch=2)
   kwargs = dict(batch_size=2, beam_size=3, alpha=0.6, max_steps=4, eos_id=EOS, bos_id=BOS)
   with pytest.raises(ValueError, match='leading dimension 6'):
-    decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 2, 4),
-                         max_decode_lengths=jnp.array([4, 4]), **kwargs)
+    beam.beam_search(make_step_fn(t1, t2), make_cache(bias, 2, 4),
+                     max_decode_lengths=jnp.array([4, 4]), **kwargs)
   with pytest.raises(ValueError, match='cache_stages needs grow_cache'):
-    decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4), max_decode_lengths=jnp.array([4, 4]),
-                         cache_stages=(2,), **kwargs)
+    beam.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4), max_decode_lengths=jnp.array([4, 4]),
+                     cache_stages=(2,), **kwargs)
   with pytest.raises(ValueError, match=r'expected \(2,\)'):
-    decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4),
-                         max_decode_lengths=jnp.array([4, 4, 4]), **kwargs)
+    beam.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4),
+                     max_decode_lengths=jnp.array([4, 4, 4]), **kwargs)
   with pytest.raises(ValueError, match="early_stopping must be one of .* got 'eager'"):
-    decoding.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4), max_decode_lengths=jnp.array([4, 4]),
-                         early_stopping='eager', **kwargs)
+    beam.beam_search(make_step_fn(t1, t2), make_cache(bias, 3, 4), max_decode_lengths=jnp.array([4, 4]),
+                     early_stopping='eager', **kwargs)
 

@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import model as model_lib
-from transformer_jax import translation
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.decoding import translate
 from transformer_jax.evaluation import evaluate
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import export
 from transformer_jax.training import experiment
@@ -128,8 +128,8 @@ def test_beam_search_finds_hypotheses_of_our_score(trained, corpus):
 
 def ours_best(params, model, src_ids, beam_size, extra_length) -> list[list[int]]:
   """Our best hypothesis per sentence, without EOS."""
-  rows = np.asarray(translation.decode_batch(params, jnp.asarray(pad(src_ids)), model=model, beam_size=beam_size,
-                                             alpha=0.0, extra_length=extra_length))
+  rows = np.asarray(translate.decode_batch(params, jnp.asarray(pad(src_ids)), model=model, beam_size=beam_size,
+                                           alpha=0.0, extra_length=extra_length))
   return [[int(t) for t in row[:list(row).index(tokenizer_lib.EOS_ID)]] if tokenizer_lib.EOS_ID in row
           else [int(t) for t in row if t] for row in rows]
 
@@ -137,7 +137,7 @@ def ours_best(params, model, src_ids, beam_size, extra_length) -> list[list[int]
 def ctranslate2_best(output, tokenizer, src_ids, beam_size, extra_length) -> list[list[int]]:
   """CTranslate2's best hypothesis per sentence, as our ids. Its defaults differ from ours in two ways: it forbids
   EOS first (min_decoding_length=1), and its maximum length is one per call, where ours is each sentence's
-  source length (EOS included) + extra_length (decoding.py): one call per sentence."""
+  source length (EOS included) + extra_length (decoding/translate.py): one call per sentence."""
   translator = ctranslate2.Translator(str(output), device='cpu', compute_type='float32')
   pieces = tokenizer.pieces()
   best = []

@@ -13,9 +13,9 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
 from transformer_jax.data import train_iterator
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import state as state_lib
 from transformer_jax.training import train
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorboardX
 
-from transformer_jax import model as model_lib
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import checkpoints
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import inspection

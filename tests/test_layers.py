@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.layers: positional encodings (§3.5) and the feed-forward network (§3.3)."""
+"""Tests for transformer_jax.model.layers: positional encodings (§3.5) and the feed-forward network (§3.3)."""
 import math
 
 import flax.linen as nn
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import layers
+from transformer_jax.model import layers
 
 
 @pytest.mark.parametrize('d_model', [8, 7, 512])

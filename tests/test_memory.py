@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from transformer_jax import sharding
+from transformer_jax.model import sharding
 from transformer_jax.tools import benchmark
 from transformer_jax.training import experiment
 from transformer_jax.training import memory

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.model on a tiny Transformer: shapes, dtypes, invariances and cached decoding."""
+"""Tests for transformer_jax.model.transformer on a tiny Transformer: shapes, dtypes, invariances and cached decoding."""
 import functools
 
 import flax.linen as nn
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import model as model_lib
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import losses
 import tiny_runs  # pylint: disable=g-bad-import-order
 

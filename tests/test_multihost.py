@@ -21,13 +21,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
-from transformer_jax import translation
 from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import train_iterator
+from transformer_jax.decoding import translate
 from transformer_jax.evaluation import evaluate
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import distributed
 from transformer_jax.training import experiment
 from transformer_jax.training import optim
@@ -77,8 +77,8 @@ def _translate(s, params, max_length: int, num_sentences=10) -> list[list[int]]:
   batches = batching.eval_batches(
       source, source, tokens_per_batch=64, max_length=max_length, bucket_lengths=(16,),
       batch_size_multiple=s.data_shards, process_index=jax.process_index(), process_count=jax.process_count())
-  outputs = translation.decode_all(params, batches, num_sentences, model=s.model, beam_size=2, alpha=0.6,
-                                   extra_length=2, batch_sharding=sharding.batch_sharding(s.mesh))
+  outputs = translate.decode_all(params, batches, num_sentences, model=s.model, beam_size=2, alpha=0.6,
+                                 extra_length=2, batch_sharding=sharding.batch_sharding(s.mesh))
   return [row.tolist() for row in outputs]
 
 

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import numerics
+from transformer_jax.model import numerics
 
 SPECS = [('blm,mhd->blhd', (2, 5, 8), (8, 3, 4)), ('bqhd,bkhd->bhqk', (2, 5, 3, 4), (2, 6, 3, 4)),
          ('blm,nm->bln', (2, 5, 8), (11, 8))]

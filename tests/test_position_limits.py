@@ -9,8 +9,8 @@ import pytest
 from configs import base
 from configs import table3
 from configs import table3_multi30k
-from transformer_jax import model as model_lib
-from transformer_jax import translation
+from transformer_jax.decoding import translate
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import config_checks
 
 
@@ -46,9 +46,9 @@ def test_decoding_past_the_learned_table_raises_instead_of_nan(cache_stages):
   source = jnp.asarray([[5, 6, 7, 8, 9, 2]], jnp.int32)  # 6 + extra_length 4 = 10 positions > 8 rows.
   with pytest.raises(ValueError, match=r'6 source positions \+ decode\.extra_length=4 needs 10 rows of the '
                                        r'learned position table; model\.max_length=8'):
-    translation.decode_batch(params, source, model=model, beam_size=2, alpha=0.6, extra_length=4,
+    translate.decode_batch(params, source, model=model, beam_size=2, alpha=0.6, extra_length=4,
                           cache_stages=cache_stages)
   # At the limit (4 + 4 = 8 rows) the staged search decodes, with finite scores.
-  tokens, scores = translation.decode_batch(params, source[:, 2:], model=model, beam_size=2, alpha=0.6,
+  tokens, scores = translate.decode_batch(params, source[:, 2:], model=model, beam_size=2, alpha=0.6,
                                          extra_length=4, cache_stages=cache_stages, with_scores=True)
   assert tokens.shape == (1, 2, 8) and np.all(np.isfinite(np.asarray(scores)))

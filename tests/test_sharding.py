@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.sharding and aot: mesh and rule checks, parameter layouts under data, FSDP and tensor
+"""Tests for transformer_jax.model.sharding and aot: mesh and rule checks, parameter layouts under data, FSDP and tensor
 parallelism, the sharded train step against one device, checkpoints across device counts, AOT compilation.
 
 Runs on the 8 fake CPU devices of conftest.py. Every train step here is compiled once per mesh.
@@ -17,9 +17,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
-from transformer_jax import translation
+from transformer_jax.decoding import translate
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import checkpoints
 from transformer_jax.tools import aot
 from transformer_jax.training import memory
@@ -229,8 +229,8 @@ def test_sharded_beam_search_matches_one_device(layout, initial_state):
     _, state_sharding = abstract_state(mesh, rules)
     params = jax.device_put(initial_state.params, state_sharding.params)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      return translation.decode_all(params, batches, 8, model=MODEL, beam_size=2, alpha=0.6, extra_length=3,
-                                    batch_sharding=sharding.batch_sharding(mesh))
+      return translate.decode_all(params, batches, 8, model=MODEL, beam_size=2, alpha=0.6, extra_length=3,
+                                  batch_sharding=sharding.batch_sharding(mesh))
 
   expected = decode(mesh_config(), jax.devices()[:1])
   assert len({tuple(row) for row in expected}) > 1
@@ -326,7 +326,7 @@ def test_process_layout_needs_its_own_batch_shards_per_process():
 
 
 def test_sharding_imports_neither_absl_nor_process_start_up():
-  """Model code imports sharding.py: it names logical axes and meshes only (#13); start-up is distributed.py's."""
+  """Model code imports model/sharding.py: it names logical axes and meshes only (#13); start-up is distributed.py's."""
   tree = ast.parse((pathlib.Path(sharding.__file__)).read_text())
   imported = {alias.name.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
               for alias in node.names}

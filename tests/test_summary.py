@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import model as model_lib
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import summary
 import tiny_runs  # pylint: disable=g-bad-import-order
 

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.evaluation import evaluate
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import config_checks
 from transformer_jax.training import experiment
 from transformer_jax.training import goodput

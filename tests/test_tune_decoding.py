@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from tests import tiny_runs
-from transformer_jax import translation
 from transformer_jax.data import input_pipeline
+from transformer_jax.decoding import translate
 from transformer_jax.evaluation import bleu
 from transformer_jax.evaluation import evaluate
 from transformer_jax.evaluation import tune_decoding
@@ -24,9 +24,9 @@ def test_every_pair_of_the_grid_reaches_the_search_on_the_validation_split_only(
   config = config_checks.config_for_mode(tiny_runs.text_config(corpus), str(workdir), 'tune_decoding')
   config.data.test_files = str(tmp_path / 'absent.en') + ',' + str(tmp_path / 'absent.de')  # Read: an error.
   searched, encoded = [], []
-  translate, encode_split = translation.translate, input_pipeline.encode_split
-  monkeypatch.setattr(translation, 'translate', lambda *args, **kwargs: (
-      searched.append((kwargs['beam_size'], kwargs['alpha'])), translate(*args, **kwargs))[1])
+  translate_fn, encode_split = translate.translate, input_pipeline.encode_split
+  monkeypatch.setattr(translate, 'translate', lambda *args, **kwargs: (
+      searched.append((kwargs['beam_size'], kwargs['alpha'])), translate_fn(*args, **kwargs))[1])
   monkeypatch.setattr(input_pipeline, 'encode_split', lambda data_config, tokenizer, split: (
       encoded.append(split), encode_split(data_config, tokenizer, split))[1])
   result = tune_decoding.tune_decoding(config, str(workdir), [1, 2], [0.0, 1.5])
@@ -54,8 +54,8 @@ def test_rows_equal_the_evaluation_of_the_same_decoding(tmp_path, corpus, refere
     # decode.tokens_per_batch sets the decoding batches apart from data.tokens_per_batch (the same
     # translations); decode.early_stopping reaches the search.
     calls = []
-    decode_batch = translation.decode_batch
-    monkeypatch.setattr(translation, 'decode_batch', lambda *args, **kwargs: (
+    decode_batch = translate.decode_batch
+    monkeypatch.setattr(translate, 'decode_batch', lambda *args, **kwargs: (
         calls.append((*args[1].shape, kwargs['early_stopping'])), decode_batch(*args, **kwargs))[1])
     config.data.tokens_per_batch = 512  # [16, 32] batches (the run trained on [8, 32]).
     larger = evaluate.translate_ids(config, setup, params, split.source_ids, beam_size=2, alpha=0.6)

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import attention
-from transformer_jax import layers
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
-from transformer_jax import translation
+from transformer_jax.decoding import translate
+from transformer_jax.model import attention
+from transformer_jax.model import layers
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import summary
 from transformer_jax.training import optim
 from transformer_jax.training import state as state_lib
@@ -213,10 +213,10 @@ def test_beam_search_in_bf16_runs_with_fewer_kv_heads(num_kv_heads):
                      dtype='bfloat16', attention_product_dtype='compute')
   params = random_params(model)
   source = np.tile(SOURCE, (4, 1))  # 8 sentences.
-  tokens = translation.decode_batch(params, jnp.asarray(source), model=model, beam_size=2, alpha=0.6,
-                                    extra_length=4)
+  tokens = translate.decode_batch(params, jnp.asarray(source), model=model, beam_size=2, alpha=0.6,
+                                  extra_length=4)
   assert tokens.shape == (8, source.shape[1] + 4)
-  reference = translation.decode_batch(params, jnp.asarray(source), model=make_model(
+  reference = translate.decode_batch(params, jnp.asarray(source), model=make_model(
       num_layers=1, d_model=256, d_ff=64, num_heads=4, d_k=64, d_v=64, num_kv_heads=num_kv_heads),
       beam_size=2, alpha=0.6, extra_length=4)
   np.testing.assert_array_equal(np.asarray(tokens)[:, 0], np.asarray(reference)[:, 0])

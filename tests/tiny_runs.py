@@ -28,7 +28,7 @@ COMPARED_TAGS = re.compile(r'^(train/(loss|nll|accuracy|perplexity|learning_rate
 
 def tiny_model_fields(**overrides) -> dict:
   """configs/tiny.py's model section (the tiny model the tests build: N=2, d_model=32, h=4, d_k=d_v=8), as
-  `model.ModelConfig` keyword arguments, with `overrides` (e.g. vocab_size=64, num_layers=1)."""
+  `transformer.ModelConfig` keyword arguments, with `overrides` (e.g. vocab_size=64, num_layers=1)."""
   return dict(tiny.get_config().model) | overrides
 
 

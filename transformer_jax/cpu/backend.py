@@ -1,6 +1,6 @@
 """The decoding backend on the C++ kernels (`kernels`): the one seam through which they reach a search.
 
-A search asks its backend for four things (`translation.DecodingBackend`; the default, `translation.XlaDecoding`,
+A search asks its backend for four things (`decoding.backends.DecodingBackend`; the default, `backends.XlaDecoding`,
 is the model's own XLA ops). `CpuDecoding` answers:
   * `attention()`: a context for the model's decoding calls (`Transformer.init_cache`, then `decode` with
     use_cache) in which the three decoding methods of `attention.MultiHeadAttention` (`create_cache`,
@@ -15,7 +15,7 @@ Why a method interceptor (`flax.linen.intercept_methods`) rather than a step fun
 `Transformer.decode`: the model stays the paper's, with no backend in any constructor or call signature, and
 what is replaced is exactly the attention layer's documented decoding contract, only inside the apply calls the
 backend wraps; the parameters and their names are the model's. Whether to use this backend is decided on the
-host, once, before a search is traced (`translation.decoding_backend`, which calls `wanted`): building the
+host, once, before a search is traced (`decoding.backends.decoding_backend`, which calls `wanted`): building the
 kernels starts a C++ compiler, which never happens while a module traces.
 """
 import dataclasses
@@ -26,10 +26,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import attention
-from transformer_jax import decoding
-from transformer_jax import model as model_lib
 from transformer_jax.cpu import kernels
+from transformer_jax.decoding import beam
+from transformer_jax.model import attention
+from transformer_jax.model import transformer as model_lib
 
 Array = jax.Array
 ANCESTRY = 'ancestry'  # The self-attention cache entry this backend adds: int32 [rows, max_len].
@@ -79,7 +79,7 @@ class CpuDecoding:
     return nn.intercept_methods(_intercept)
 
   def grow_cache(self, cache: Any, length: int) -> Any:
-    """`model.grow_decoding_cache`, and each `ancestry` [rows, positions] padded with zeros to `length`.
+    """`transformer.grow_decoding_cache`, and each `ancestry` [rows, positions] padded with zeros to `length`.
 
     Raises:
       ValueError: if a cache already holds more than `length` positions.
@@ -92,20 +92,20 @@ class CpuDecoding:
     return jax.tree.map(grow, model_lib.grow_decoding_cache(cache, length), is_leaf=_follows_ancestry)
 
   def reorder_cache(self, cache: Any, parent: Array, beam_size: int) -> Any:
-    """`decoding.reorder_cache`, except that a mapping with an `ancestry` entry keeps its other leaves in place:
+    """`beam.reorder_cache`, except that a mapping with an `ancestry` entry keeps its other leaves in place:
     row r is to read what row rows[r] read, so its ancestry becomes rows[r]'s shifted by rows[r] - r."""
-    rows = decoding.parent_rows(parent, beam_size)
+    rows = beam.parent_rows(parent, beam_size)
     shift = (rows - jnp.arange(rows.shape[0], dtype=rows.dtype)).astype(jnp.int32)[:, None]
 
     def reorder(tree):
       if _follows_ancestry(tree):
-        return type(tree)({**tree, ANCESTRY: decoding.gather_rows(tree[ANCESTRY], rows) + shift})
-      return decoding.gather_rows(tree, rows)
+        return type(tree)({**tree, ANCESTRY: beam.gather_rows(tree[ANCESTRY], rows) + shift})
+      return beam.gather_rows(tree, rows)
     return jax.tree.map(reorder, cache, is_leaf=_follows_ancestry)
 
   def extension_scores(self, logits: Array, k: int, *, eos_id: int, bos_id: int,
                        pad_id: int) -> tuple[Array, Array, Array, Array]:
-    """`decoding.extension_scores` on the kernel (`kernels.beam_scores`)."""
+    """`beam.extension_scores` on the kernel (`kernels.beam_scores`)."""
     return kernels.beam_scores(logits, k, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
 
 

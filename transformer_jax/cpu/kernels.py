@@ -6,7 +6,7 @@ In `decoding_attention.cc` (beside this file), for bfloat16 and float32:
     [rows, max_len] instead (row r's position j lives in row r + ancestry[r, j]), which the kernel follows
     when it reads;
   * `cross_attention`: the encoder-decoder attention of a step, the beams of a sentence on its memory row;
-  * `beam_scores`: what a beam step reads of the logits (`decoding.extension_scores`), in one pass over each row.
+  * `beam_scores`: what a beam step reads of the logits (`decoding.beam.extension_scores`), in one pass over each row.
 On XLA:CPU those parts of a step go through float32 copies of the whole bf16 cache and five passes over the
 logits; docs/performance.md has what the kernels save. They reach a search only through `backend.CpuDecoding`.
 
@@ -277,7 +277,7 @@ def cross_attention(query: Array, key: Array, value: Array, valid: Array) -> Arr
 
 def beam_scores(logits: Array, k: int, *, eos_id: int, bos_id: int, pad_id: int
                 ) -> tuple[Array, Array, Array, Array]:
-  """`decoding.extension_scores` (what a beam step reads of the logits, §6.1) in one pass over each row.
+  """`decoding.beam.extension_scores` (what a beam step reads of the logits, §6.1) in one pass over each row.
 
   XLA makes five passes; on XLA:CPU they were a fifth of a step at 40 sentences x beam 4, vocabulary 8,000.
   The same values, the log-sum-exp to float32 rounding, for logits without NaN (a NaN counts as exp(-87) in the

@@ -3,7 +3,7 @@ applies `selection.select_params`), and the `--mode=evaluate` and `--mode=transl
 
 BLEU is reported three ways (`bleu.all_bleu`): sacreBLEU on detokenised output (the headline), the tokenised
 BLEU with compound splitting that the paper's numbers use, and the lowercased, Moses-tokenised BLEU of the
-Multi30k literature. The search itself is `translation.py`'s; the Setup every mode builds is `experiment.py`'s.
+Multi30k literature. The search itself is `translate.py`'s; the Setup every mode builds is `experiment.py`'s.
 """
 import functools
 import json
@@ -19,14 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import errors
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
-from transformer_jax import translation
 from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
+from transformer_jax.decoding import translate
 from transformer_jax.evaluation import bleu
 from transformer_jax.evaluation import selection
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.training import experiment
 from transformer_jax.training import losses
@@ -112,7 +112,7 @@ def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, bea
                                                          config.data.max_length * setup.data_shards)
   batches = input_pipeline.split_eval_batches(config.data, source_ids, target_ids, setup.data_shards,
                                               tokens_per_batch=tokens_per_batch)
-  return translation.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
+  return translate.translate(params, batches, setup.tokenizer, len(source_ids), model=setup.model,
                                 beam_size=beam_size or decode_cfg.beam_size,
                                 alpha=decode_cfg.alpha if alpha is None else alpha,
                                 extra_length=decode_cfg.extra_length, early_stopping=decode_cfg.early_stopping,

@@ -105,7 +105,7 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
       selection apply to every row.
     workdir: the trained run.
     beam_sizes: beam sizes to try (1: greedy).
-    alphas: length penalty exponents to try (`decoding.length_penalty`).
+    alphas: length penalty exponents to try (`decoding.beam.length_penalty`).
     windows: checkpoint windows to average, each decoded with the whole grid; empty: the parameters
       eval.checkpoint_selection chooses.
 

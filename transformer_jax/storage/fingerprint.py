@@ -15,7 +15,7 @@ from etils import epath
 import jax
 
 from transformer_jax import errors
-from transformer_jax import model as model_lib
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import checkpoints as checkpoints_lib
 from transformer_jax.storage import workdir as workdir_lib
 

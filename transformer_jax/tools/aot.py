@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from transformer_jax import errors
-from transformer_jax import sharding
+from transformer_jax.model import sharding
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import tpu_slices
 from transformer_jax.training import experiment

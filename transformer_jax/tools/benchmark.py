@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
-from transformer_jax import translation
 from transformer_jax.data import batching
+from transformer_jax.decoding import backends
+from transformer_jax.decoding import translate
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import experiment
 from transformer_jax.training import flops as flops_lib
 from transformer_jax.training import memory
@@ -166,10 +167,10 @@ def _decode_rate(params, model, config, host_batch) -> float:
   """Beam search (decode.beam_size, alpha) sentences/s on benchmark.decode_sentences synthetic sources."""
   count = min(config.benchmark.decode_sentences, host_batch['source_tokens'].shape[0])
   source = jnp.asarray(host_batch['source_tokens'][:count])
-  decode = functools.partial(translation.decode_batch, model=model, beam_size=config.decode.beam_size,
+  decode = functools.partial(translate.decode_batch, model=model, beam_size=config.decode.beam_size,
                              alpha=config.decode.alpha, extra_length=config.decode.extra_length,
                              early_stopping=config.decode.early_stopping,
-                             backend=translation.decoding_backend(model.cfg))
+                             backend=backends.decoding_backend(model.cfg))
   seconds, _ = _timed(decode, params, source, num_steps=2)
   return count / seconds
 

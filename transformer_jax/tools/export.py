@@ -33,8 +33,8 @@ import jax
 import numpy as np
 
 from transformer_jax import errors
-from transformer_jax import layers
-from transformer_jax import model as model_lib
+from transformer_jax.model import layers
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 
 QUANTIZATIONS = ('int8', 'int8_float32', 'float32', 'bfloat16')

@@ -31,10 +31,10 @@ from tensorboardX import record_writer
 from tensorboardX.proto import event_pb2
 
 from transformer_jax import errors
-from transformer_jax import layers
-from transformer_jax import model as model_lib
-from transformer_jax import translation
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.decoding import translate
+from transformer_jax.model import layers
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import checkpoint_checks
 from transformer_jax.storage import checkpoints
 from transformer_jax.storage import workdir as workdir_lib
@@ -237,10 +237,10 @@ def translate_sentence(run: Run, source: str, beam_size: int | None = None) -> s
   decode.early_stopping."""
   source_ids = run.tokenizer.encode([source])[0] + [tokenizer_lib.EOS_ID]
   decode = run.config.decode
-  tokens = translation.decode_batch(run.params, jnp.asarray([source_ids], jnp.int32),
-                                    model=model_lib.Transformer(run.model_cfg),
-                                    beam_size=beam_size or decode.beam_size, alpha=decode.alpha,
-                                    extra_length=decode.extra_length, early_stopping=decode.early_stopping)
+  tokens = translate.decode_batch(run.params, jnp.asarray([source_ids], jnp.int32),
+                                  model=model_lib.Transformer(run.model_cfg),
+                                  beam_size=beam_size or decode.beam_size, alpha=decode.alpha,
+                                  extra_length=decode.extra_length, early_stopping=decode.early_stopping)
   return run.tokenizer.decode(np.asarray(tokens))[0]
 
 

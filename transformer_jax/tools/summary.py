@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import model as model_lib
+from transformer_jax.model import transformer as model_lib
 
 # Sub-layer categories in display order; a leaf belongs to the first whose path component it contains.
 _CATEGORIES = (

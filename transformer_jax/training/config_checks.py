@@ -11,15 +11,15 @@ from absl import logging
 from etils import epath
 import jax
 
-from transformer_jax import decoding
 from transformer_jax import errors
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.decoding import beam
 from transformer_jax.evaluation import bleu
 from transformer_jax.evaluation import selection
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import checkpoint_checks
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.training import optim
@@ -67,8 +67,8 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
            'decode.compact_every_steps', decode_cfg.compact_every_steps, 'an integer >= 0 (0: no compaction)')
   _require(_is_non_negative_int(decode_cfg.concurrent_batches),
            'decode.concurrent_batches', decode_cfg.concurrent_batches, 'an integer >= 0 (0: automatic)')
-  _require(decode_cfg.early_stopping in decoding.EARLY_STOPPING, 'decode.early_stopping', decode_cfg.early_stopping,
-           f'one of {decoding.EARLY_STOPPING}')
+  _require(decode_cfg.early_stopping in beam.EARLY_STOPPING, 'decode.early_stopping', decode_cfg.early_stopping,
+           f'one of {beam.EARLY_STOPPING}')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
            config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
   _validate_selection(config.eval, train_cfg)
@@ -96,7 +96,7 @@ def model_config(config) -> model_lib.ModelConfig:
   """
   try:
     return model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model)
-  except ValueError as e:  # ModelConfig names the field (model.py raises the built-in type).
+  except ValueError as e:  # ModelConfig names the field (model/transformer.py raises the built-in type).
     raise errors.ConfigError(str(e)) from e
 
 

@@ -11,7 +11,7 @@ Launch faults this catches, each with the expected and the actual counts:
     its SLURM_LOCALID unless JAX_LOCAL_DEVICE_IDS says otherwise, so one task per node with 8 GPUs drives 1;
   * a workdir that the processes do not share (`check_shared_workdir`, called when the workdir is opened).
 
-Kept apart from `sharding.py` (logical axes, mesh, rules), which model code imports.
+Kept apart from `model/sharding.py` (logical axes, mesh, rules), which model code imports.
 """
 from collections.abc import Mapping
 import dataclasses

@@ -23,10 +23,10 @@ import optax
 
 from transformer_jax import errors
 from transformer_jax.cpu import host_allocator
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import checkpoints as checkpoints_lib
 from transformer_jax.storage import fingerprint
 from transformer_jax.storage import workdir as workdir_lib

@@ -10,7 +10,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import model as model_lib
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import tpu_slices
 
 # Dense bf16 peaks (FLOP/s per chip) of accelerators whose measured matmul rate would understate the datasheet,

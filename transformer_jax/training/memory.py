@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import errors
-from transformer_jax import sharding
 from transformer_jax.data import batching
+from transformer_jax.model import sharding
 
 _MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes',
                   'generated_code_size_in_bytes')

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 
 Array = jax.Array
 Batch = dict[str, Array]

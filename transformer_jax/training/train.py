@@ -33,11 +33,11 @@ import optax
 import tensorboardX
 
 from transformer_jax import errors
-from transformer_jax import model as model_lib
-from transformer_jax import sharding
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import evaluate as evaluate_lib
 from transformer_jax.evaluation import selection
+from transformer_jax.model import sharding
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.training import experiment
 from transformer_jax.training import flops as flops_lib

@@ -1,38 +1,21 @@
-"""Beam search and greedy decoding (Sec. 6.1), driven by a `step_fn(last_tokens, cache)` callback.
+"""Beam search with a length penalty (§6.1), driven by a `step_fn(last_tokens, cache)` callback.
 
-Conventions shared by both searches:
-  * The first call of `step_fn` receives `bos_id` in every row. PAD (`pad_id`, 0) and BOS are never
-    generated: their logits are masked to -inf before the softmax.
-  * The length |Y| of a hypothesis is its number of generated tokens, the final EOS included and
-    BOS excluded.
-  * Sentence b is decoded to at most L_b = clip(max_decode_lengths[b], 1, max_steps) tokens. A
-    hypothesis that reaches L_b tokens without EOS is finished there and returned whole: L_b tokens,
-    no EOS. Nothing longer than L_b is returned; positions after a hypothesis's last token hold PAD.
-  * Shapes are static and the loop is a `jax.lax.while_loop` with no host syncs, so both searches run
-    under `jax.jit` with `step_fn` closed over and `batch_size`, `beam_size`, `max_steps`, `eos_id`,
-    `bos_id`, `pad_id` static.
-
-Both searches can grow the cache in stages (`cache_stages`, `grow_cache`): a cache that holds only the
-positions decoded so far makes every step read and reorder less, at the price of compiling the loop once
-per stage (docs/performance.md has the figures).
-
-`step_fn(last_tokens, cache) -> (logits, new_cache)` takes int32 [rows] and returns logits float32
-[rows, vocab], where rows is batch_size * beam_size (beam search) or batch_size (greedy). Every cache
-leaf with ndim >= 1 has leading dimension rows; in beam search rows b*beam .. b*beam+beam-1 belong to
-sentence b (see `expand_to_beams`) and are reordered whenever beams are reselected: by default every
-leaf's rows are gathered (`reorder_cache`; leaves with ndim 0, e.g. a cache index, pass unchanged), and a
-caller whose cache has another layout passes its own `reorder_cache` (e.g. `transformer_jax.cpu.backend`,
-whose caches stay in place while a small index of rows moves).
+The step function's contract, the conventions on lengths and special ids, and the loop are `search`'s. Here
+rows = batch_size * beam_size: rows b*beam .. b*beam+beam-1 of every cache leaf belong to sentence b (see
+`expand_to_beams`) and are reordered whenever beams are reselected: by default every leaf's rows are gathered
+(`reorder_cache`; leaves with ndim 0, e.g. a cache index, pass unchanged), and a caller whose cache has another
+layout passes its own `reorder_cache` (e.g. `transformer_jax.cpu.backend`, whose caches stay in place while a
+small index of rows moves).
 """
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 
-StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+from transformer_jax.decoding import search
+
 # When a sentence's beam search stops (`beam_search`'s early_stopping).
 EARLY_STOPPING = ('bound', 'finished')
-GrowFn = Callable[[Any, int], Any]
 # (cache, parent int32 [batch, beam], beam_size) -> the cache of the chosen beams: `reorder_cache`.
 ReorderFn = Callable[[Any, jax.Array, int], Any]
 # (logits [rows, vocab], k, *, eos_id, bos_id, pad_id) -> (lse, top_logits, top_tokens, eos_logit): `extension_scores`.
@@ -49,16 +32,6 @@ class BeamState(NamedTuple):
   done: jax.Array             # bool [batch]; the sentence's finished hypotheses are final (frozen).
   cache: Any                  # step_fn's pytree; leaves with ndim >= 1 have leading dim batch*beam.
   max_lengths: jax.Array      # int32 [batch]; L_b.
-
-
-class GreedyState(NamedTuple):
-  """The loop carry of `greedy_search`."""
-  step: jax.Array         # int32 []; tokens generated so far.
-  tokens: jax.Array       # int32 [batch, max_steps]; PAD after EOS or the length limit.
-  last_tokens: jax.Array  # int32 [batch]; fed to step_fn next.
-  done: jax.Array         # bool [batch]; the sentence's tokens are final.
-  cache: Any              # step_fn's pytree; leaves with ndim >= 1 have leading dim batch.
-  max_lengths: jax.Array  # int32 [batch]; L_b.
 
 
 def expand_to_beams(x: Any, beam_size: int) -> Any:
@@ -86,34 +59,6 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
     float32 [...], positive and non-decreasing in length for alpha >= 0.
   """
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
-
-
-def _check_args(cache: Any, rows: int, max_decode_lengths: Any, batch_size: int, max_steps: int,
-                special_ids: tuple[int, int, int]) -> jax.Array:
-  """Validates static arguments and returns L_b, int32 [batch], clipped to [1, max_steps]."""
-  if batch_size < 1 or max_steps < 1:
-    raise ValueError(f'batch_size and max_steps must be >= 1, got {batch_size} and {max_steps}')
-  eos_id, bos_id, pad_id = special_ids
-  if eos_id in (bos_id, pad_id):
-    raise ValueError(f'eos_id {eos_id} must differ from bos_id {bos_id} and pad_id {pad_id}')
-  for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
-    if jnp.ndim(leaf) >= 1 and jnp.shape(leaf)[0] != rows:
-      raise ValueError(f'cache leaf {jax.tree_util.keystr(path)} has shape {jnp.shape(leaf)}; '
-                       f'expected leading dimension {rows}')
-  lengths = jnp.asarray(max_decode_lengths, jnp.int32)
-  if lengths.ndim == 0:
-    lengths = jnp.broadcast_to(lengths, (batch_size,))
-  if lengths.shape != (batch_size,):
-    raise ValueError(f'max_decode_lengths has shape {lengths.shape}; expected ({batch_size},)')
-  return jnp.clip(lengths, 1, max_steps)
-
-
-def _logits(step_fn: StepFn, last_tokens: jax.Array, cache: Any, bos_id: int, pad_id: int) -> tuple[jax.Array, Any]:
-  """Calls step_fn; returns float32 logits [rows, vocab] with PAD and BOS at -inf, and the new cache."""
-  logits, cache = step_fn(last_tokens, cache)
-  vocab = jnp.arange(logits.shape[-1])
-  banned = ((vocab == pad_id) | (vocab == bos_id))[None, :]  # [1, vocab]
-  return jnp.where(banned, -jnp.inf, logits.astype(jnp.float32)), cache
 
 
 def _top_k(x: jax.Array, k: int, block: int = 64) -> tuple[jax.Array, jax.Array]:
@@ -277,7 +222,7 @@ def _no_live_can_win(live_log_probs: jax.Array, finished_scores: jax.Array, leng
   return live_log_probs[:, 0] / best_lp <= finished_scores[:, -1]
 
 
-def _beam_step(state: BeamState, step_fn: StepFn, alpha: float, special_ids: tuple[int, int, int],
+def _beam_step(state: BeamState, step_fn: search.StepFn, alpha: float, special_ids: tuple[int, int, int],
                early_stopping: str, scores_fn: ScoresFn | None, reorder: ReorderFn | None) -> BeamState:
   """Extends every live hypothesis by one token and reselects the live and finished beams."""
   eos_id, bos_id, pad_id = special_ids
@@ -308,47 +253,21 @@ def _beam_step(state: BeamState, step_fn: StepFn, alpha: float, special_ids: tup
                    finished_scores, done, (reorder or reorder_cache)(cache, chosen.parent, beam_size), max_lengths)
 
 
-def stage_ends(max_steps: int, cache_stages: Sequence[int]) -> list[int]:
-  """The step counts at which the stages of a search end: the sorted `cache_stages` in (0, max_steps), then
-  max_steps. Before the stage that ends at e, the cache is grown to hold e positions (`beam_search`)."""
-  return sorted({int(end) for end in cache_stages if 0 < end < max_steps} | {max_steps})
-
-
-def _run_until(state: Any, step: Callable[[Any], Any], until: int | jax.Array) -> Any:
-  return jax.lax.while_loop(lambda s: (s.step < until) & ~jnp.all(s.done), step, state)
-
-
-def _run_stages(state: Any, step: Callable[[Any], Any], max_steps: int, cache_stages: Sequence[int],
-                grow_cache: GrowFn | None) -> Any:
-  """Runs `step` while state.step < max_steps and some sentence is not done, one while-loop per stage.
-
-  Stage i ends at step e_i (`stage_ends`). Before stage i, grow_cache(cache, e_i) makes the cache hold e_i
-  positions (the steps that stage can reach).
-  """
-  if cache_stages and grow_cache is None:
-    raise ValueError('cache_stages needs grow_cache')
-  for end in stage_ends(max_steps, cache_stages):
-    if grow_cache is not None:
-      state = state._replace(cache=grow_cache(state.cache, end))
-    state = _run_until(state, step, end)
-  return state
-
-
 def init_beam_search(cache: Any, *, batch_size: int, beam_size: int, max_decode_lengths: jax.Array,
                      max_steps: int, eos_id: int, bos_id: int, pad_id: int = 0) -> BeamState:
   """The state of `beam_search` before its first step (arguments as there).
 
-  `beam_search` is init_beam_search, then continue_beam_search once per stage (`stage_ends`, growing the
+  `beam_search` is init_beam_search, then continue_beam_search once per stage (`search.stage_ends`, growing the
   cache before each), then beam_search_output. A caller that drives those steps itself can stop the
-  search at any step, e.g. to drop the sentences that are done (`take_sentences`) and go on with fewer.
+  search at any step, e.g. to drop the sentences that are done (`search.take_sentences`) and go on with fewer.
 
   Raises:
     ValueError: as `beam_search`.
   """
   if beam_size < 1:
     raise ValueError(f'beam_size must be >= 1, got {beam_size}')
-  max_lengths = _check_args(cache, batch_size * beam_size, max_decode_lengths, batch_size, max_steps,
-                            (eos_id, bos_id, pad_id))
+  max_lengths = search.check_args(cache, batch_size * beam_size, max_decode_lengths, batch_size, max_steps,
+                                  (eos_id, bos_id, pad_id))
   seqs = jnp.full((batch_size, beam_size, max_steps), pad_id, jnp.int32)
   # Only beam 0 starts live, so that the beam_size copies of BOS do not yield duplicate hypotheses.
   first = jnp.where(jnp.arange(beam_size) == 0, 0.0, -jnp.inf).astype(jnp.float32)
@@ -363,13 +282,13 @@ def init_beam_search(cache: Any, *, batch_size: int, beam_size: int, max_decode_
       max_lengths=max_lengths)
 
 
-def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.Array, alpha: float,
+def continue_beam_search(state: BeamState, step_fn: search.StepFn, *, until: int | jax.Array, alpha: float,
                          eos_id: int, bos_id: int, pad_id: int = 0, early_stopping: str = 'bound',
                          scores_fn: ScoresFn | None = None, reorder_cache: ReorderFn | None = None) -> BeamState:
   """Beam steps while state.step < until and some sentence is not done (one `jax.lax.while_loop`).
 
   Args:
-    state: from `init_beam_search`, a previous call, or `take_sentences`. Where step_fn's cache has a fixed
+    state: from `init_beam_search`, a previous call, or `search.take_sentences`. Where step_fn's cache has a fixed
       number of positions (the model's self-attention cache), it must hold at least `until` of them.
     step_fn, alpha, eos_id, bos_id, pad_id, early_stopping, scores_fn, reorder_cache: as in `beam_search`.
     until: int32 [] step count to stop at (at most the max_steps of `init_beam_search`); it may be traced,
@@ -383,8 +302,8 @@ def continue_beam_search(state: BeamState, step_fn: StepFn, *, until: int | jax.
   """
   if early_stopping not in EARLY_STOPPING:
     raise ValueError(f'early_stopping must be one of {EARLY_STOPPING}, got {early_stopping!r}')
-  return _run_until(state, lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping,
-                                                scores_fn, reorder_cache),
+  return search.run_until(state, lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping,
+                                                      scores_fn, reorder_cache),
                     until)
 
 
@@ -399,36 +318,10 @@ def beam_search_output(state: BeamState, pad_id: int = 0) -> tuple[jax.Array, ja
   return jnp.where(empty, pad_id, state.finished_seqs), state.finished_scores
 
 
-def take_sentences(state: BeamState | GreedyState, index: jax.Array) -> BeamState | GreedyState:
-  """The state of the sentences `index` only, in that order: a smaller batch that goes on as they would have.
-
-  Args:
-    state: a `BeamState` or `GreedyState`.
-    index: int [n], indices of sentences in [0, batch) (repeats allowed, e.g. a done sentence as filler).
-
-  Returns:
-    The same type with batch n: every per-sentence leaf gathered along axis 0, cache rows (beam_size per
-    sentence in beam search) gathered with them, the step count unchanged.
-  """
-  index = jnp.asarray(index, jnp.int32)
-  batch_size = state.done.shape[0]
-
-  def take_rows(x):
-    if jnp.ndim(x) == 0:
-      return x
-    per_sentence = x.shape[0] // batch_size
-    rows = (index[:, None] * per_sentence + jnp.arange(per_sentence)[None, :]).reshape(-1)
-    return x[rows]
-
-  fields = {name: (value if name == 'step' else jax.tree.map(take_rows, value))
-            for name, value in state._asdict().items()}
-  return type(state)(**fields)
-
-
-def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int, alpha: float,
+def beam_search(step_fn: search.StepFn, cache: Any, *, batch_size: int, beam_size: int, alpha: float,
                 max_decode_lengths: jax.Array, max_steps: int, eos_id: int, bos_id: int,
                 pad_id: int = 0, cache_stages: Sequence[int] = (),
-                grow_cache: GrowFn | None = None, early_stopping: str = 'bound',
+                grow_cache: search.GrowFn | None = None, early_stopping: str = 'bound',
                 scores_fn: ScoresFn | None = None,
                 reorder_cache: ReorderFn | None = None) -> tuple[jax.Array, jax.Array]:
   """Beam search with length penalty (Sec. 6.1: beam 4, alpha 0.6, max length = input length + 50).
@@ -452,7 +345,7 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
   happens after at most max_steps steps.
 
   Args:
-    step_fn: see the module docstring; called with int32 [batch*beam_size].
+    step_fn: see `search`; called with int32 [batch*beam_size].
     cache: step_fn's initial pytree; leaves with ndim >= 1 have leading dim batch*beam_size.
     batch_size: number of sentences (static).
     beam_size: hypotheses kept per sentence (static).
@@ -487,67 +380,4 @@ def beam_search(step_fn: StepFn, cache: Any, *, batch_size: int, beam_size: int,
   state = init_beam_search(cache, batch_size=batch_size, beam_size=beam_size, max_decode_lengths=max_decode_lengths,
                            max_steps=max_steps, **special)
   step = lambda s: _beam_step(s, step_fn, alpha, (eos_id, bos_id, pad_id), early_stopping, scores_fn, reorder_cache)
-  return beam_search_output(_run_stages(state, step, max_steps, cache_stages, grow_cache), pad_id)
-
-
-def _greedy_step(state: GreedyState, step_fn: StepFn, special_ids: tuple[int, int, int]) -> GreedyState:
-  eos_id, bos_id, pad_id = special_ids
-  logits, cache = _logits(step_fn, state.last_tokens, state.cache, bos_id, pad_id)
-  token = jnp.where(state.done, pad_id, jnp.argmax(logits, axis=-1).astype(jnp.int32))
-  tokens = state.tokens.at[:, state.step].set(token)
-  length = state.step + 1
-  done = state.done | (token == eos_id) | (length >= state.max_lengths)
-  return GreedyState(length, tokens, token, done, cache, state.max_lengths)
-
-
-def init_greedy_search(cache: Any, *, batch_size: int, max_decode_lengths: jax.Array, max_steps: int,
-                       eos_id: int, bos_id: int, pad_id: int = 0) -> GreedyState:
-  """The state of `greedy_search` before its first step (arguments as there); go on with
-  `continue_greedy_search` (as `init_beam_search` for beam search). Its `tokens` are the output.
-
-  Raises:
-    ValueError: as `greedy_search`.
-  """
-  max_lengths = _check_args(cache, batch_size, max_decode_lengths, batch_size, max_steps, (eos_id, bos_id, pad_id))
-  return GreedyState(
-      step=jnp.zeros((), jnp.int32),
-      tokens=jnp.full((batch_size, max_steps), pad_id, jnp.int32),
-      last_tokens=jnp.full((batch_size,), bos_id, jnp.int32),
-      done=jnp.zeros((batch_size,), bool),
-      cache=cache,
-      max_lengths=max_lengths)
-
-
-def continue_greedy_search(state: GreedyState, step_fn: StepFn, *, until: int | jax.Array, eos_id: int,
-                           bos_id: int, pad_id: int = 0) -> GreedyState:
-  """Greedy steps while state.step < until and some sentence is not done (as `continue_beam_search`)."""
-  return _run_until(state, lambda s: _greedy_step(s, step_fn, (eos_id, bos_id, pad_id)), until)
-
-
-def greedy_search(step_fn: StepFn, cache: Any, *, batch_size: int, max_decode_lengths: jax.Array,
-                  max_steps: int, eos_id: int, bos_id: int, pad_id: int = 0,
-                  cache_stages: Sequence[int] = (), grow_cache: GrowFn | None = None) -> jax.Array:
-  """Greedy decoding: the most probable token at every step, until EOS or L_b tokens.
-
-  Args:
-    step_fn: see the module docstring; called with int32 [batch].
-    cache: step_fn's initial pytree; leaves with ndim >= 1 have leading dim batch.
-    batch_size: number of sentences (static).
-    max_decode_lengths: int32 [batch] (or a scalar): the most tokens of sentence b, EOS included;
-      clipped to [1, max_steps].
-    max_steps: width of the returned token array (static).
-    eos_id: end-of-sentence id.
-    bos_id: id fed at the first step; never generated.
-    pad_id: id written after the last token; never generated.
-    cache_stages, grow_cache: as in `beam_search`.
-
-  Returns:
-    int32 [batch, max_steps]: tokens up to and including EOS (or exactly L_b tokens), PAD after.
-
-  Raises:
-    ValueError: as `beam_search`, with batch in place of batch*beam_size.
-  """
-  state = init_greedy_search(cache, batch_size=batch_size, max_decode_lengths=max_decode_lengths,
-                             max_steps=max_steps, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
-  step = lambda s: _greedy_step(s, step_fn, (eos_id, bos_id, pad_id))
-  return _run_stages(state, step, max_steps, cache_stages, grow_cache).tokens
+  return beam_search_output(search.run_stages(state, step, max_steps, cache_stages, grow_cache), pad_id)

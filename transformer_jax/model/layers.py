@@ -7,9 +7,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import attention
-from transformer_jax import numerics
-from transformer_jax import sharding
+from transformer_jax.model import attention
+from transformer_jax.model import numerics
+from transformer_jax.model import sharding
 
 Array = jax.Array
 

@@ -5,19 +5,16 @@ which drops the sentences that are done as it goes; `decode_all` runs either ove
 device, `decode.concurrent_batches` of them at once; multi-host: every process gets every row back);
 `translate` detokenises. Which checkpoints to decode and what to do with the output is `evaluate.py`'s.
 
-Every search runs its steps on a decoding backend (`DecodingBackend`), chosen on the host before the search is
-traced (`decoding_backend`, from `model.decoding_kernel`): `XlaDecoding`, the model's own operations, or the
-C++ kernels of `transformer_jax.cpu.backend.CpuDecoding`. The backend is the only way those kernels reach a
-search: the model and `decoding` know nothing of them.
+Every search runs its steps on a decoding backend (`backends.DecodingBackend`), chosen on the host before the
+search is traced (`backends.decoding_backend`, from `model.decoding_kernel`).
 """
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import os
 import time
-from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from absl import logging
 import flax
@@ -27,78 +24,27 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import decoding
-from transformer_jax import model as model_lib
-from transformer_jax.cpu import backend as cpu_backend
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.decoding import backends
+from transformer_jax.decoding import beam
+from transformer_jax.decoding import greedy
+from transformer_jax.decoding import search
+from transformer_jax.model import transformer as model_lib
 
 Array = jax.Array
 
 
-# Decoding grows the self-attention cache through these lengths (decoding.beam_search's cache_stages).
+# Decoding grows the self-attention cache through these lengths (`beam.beam_search`'s cache_stages).
 CACHE_STAGES = (16, 32, 64, 128, 256)
 
 
 _SPECIAL_IDS = dict(eos_id=tokenizer_lib.EOS_ID, bos_id=tokenizer_lib.BOS_ID, pad_id=tokenizer_lib.PAD_ID)
 
 
-class DecodingBackend(Protocol):
-  """What a search asks of the backend its steps run on. Hashable: a static argument of the jitted searches."""
-
-  def attention(self) -> contextlib.AbstractContextManager:
-    """The context the model's decoding calls (`Transformer.init_cache`, `decode` with use_cache) run in."""
-
-  def grow_cache(self, cache: Any, length: int) -> Any:
-    """The search's cache enlarged to `length` positions (`decoding.beam_search`'s grow_cache)."""
-
-  def reorder_cache(self, cache: Any, parent: Array, beam_size: int) -> Any:
-    """The cache moved to the chosen beams (`decoding.reorder_cache`'s contract)."""
-
-  def extension_scores(self, logits: Array, k: int, *, eos_id: int, bos_id: int,
-                       pad_id: int) -> tuple[Array, Array, Array, Array]:
-    """What a beam step reads of the logits (`decoding.extension_scores`' contract)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class XlaDecoding:
-  """The default backend: the model's decoding methods as written and `decoding`'s defaults (any platform)."""
-
-  def attention(self) -> contextlib.AbstractContextManager:
-    """No change: the model's own decoding methods (`attention.MultiHeadAttention`)."""
-    return contextlib.nullcontext()
-
-  def grow_cache(self, cache: Any, length: int) -> Any:
-    """`model.grow_decoding_cache`."""
-    return model_lib.grow_decoding_cache(cache, length)
-
-  def reorder_cache(self, cache: Any, parent: Array, beam_size: int) -> Any:
-    """`decoding.reorder_cache`: every leaf's rows gathered."""
-    return decoding.reorder_cache(cache, parent, beam_size)
-
-  def extension_scores(self, logits: Array, k: int, *, eos_id: int, bos_id: int,
-                       pad_id: int) -> tuple[Array, Array, Array, Array]:
-    """`decoding.extension_scores`."""
-    return decoding.extension_scores(logits, k, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id)
-
-
-def decoding_backend(cfg: model_lib.ModelConfig) -> DecodingBackend:
-  """The backend for a search of this model, from `cfg.decoding_kernel` ('auto', 'cpu' or 'xla').
-
-  'xla': `XlaDecoding`; 'cpu': `CpuDecoding` (the kernels built now where they are not yet); 'auto': the kernels
-  on a single CPU device where the attention products are in the compute dtype and the kernels build, else
-  XLA (`transformer_jax.cpu.backend.wanted`). Runs on the host: call it before a search is traced.
-
-  Raises:
-    ValueError: for 'cpu' off the CPU or with products in another dtype than the compute dtype.
-    transformer_jax.cpu.kernels.KernelUnavailable: for 'cpu' where the kernels cannot be built here.
-  """
-  return cpu_backend.CpuDecoding() if cpu_backend.wanted(cfg) else XlaDecoding()
-
-
 def _check(model: model_lib.Transformer, source_length: int, extra_length: int, early_stopping: str) -> int:
   """Validates decode_batch's arguments; returns max_steps, the output width."""
-  if early_stopping not in decoding.EARLY_STOPPING:  # Also where greedy search ignores it.
-    raise ValueError(f'early_stopping must be one of {decoding.EARLY_STOPPING}, got {early_stopping!r}')
+  if early_stopping not in beam.EARLY_STOPPING:  # Also where greedy search ignores it.
+    raise ValueError(f'early_stopping must be one of {beam.EARLY_STOPPING}, got {early_stopping!r}')
   max_steps = source_length + extra_length
   if model.cfg.position_embedding == 'learned' and max_steps > model.cfg.max_length:  # Else silent NaN.
     raise ValueError(f'decoding {source_length} source positions + decode.extra_length={extra_length} needs '
@@ -106,8 +52,8 @@ def _check(model: model_lib.Transformer, source_length: int, extra_length: int, 
   return max_steps
 
 
-def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, backend: DecodingBackend,
-           beam_size: int, extra_length: int, max_steps: int, cache_length: int, greedy: bool,
+def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, backend: backends.DecodingBackend,
+           beam_size: int, extra_length: int, max_steps: int, cache_length: int, is_greedy: bool,
            context_length: int | None = None) -> tuple[Any, tuple[Array, Array, dict]]:
   """The encoder, then the search's first state with a self-attention cache of cache_length positions.
 
@@ -117,7 +63,7 @@ def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, b
   width of the state's token arrays and the last step the search may reach.
 
   Returns:
-    (state, context): a `decoding.BeamState` (or `GreedyState` when greedy) and the per-sentence arrays
+    (state, context): a `beam.BeamState` (or `greedy.GreedyState` when is_greedy) and the per-sentence arrays
     the decoder reads at every step (memory [batch, m, d_model] and source segment ids [batch, m], with m =
     max(src_len, context_length), and the encoder-decoder attention K/V), each with leading dimension batch.
   """
@@ -136,15 +82,15 @@ def _start(params: Any, source_tokens: Array, *, model: model_lib.Transformer, b
   # search reorders (copies) at every step.
   fixed, cache = _split_cache(variables['cache'])
   common = dict(batch_size=batch_size, max_decode_lengths=max_decode_lengths, max_steps=max_steps, **_SPECIAL_IDS)
-  if greedy:
-    state = decoding.init_greedy_search(cache, **common)
+  if is_greedy:
+    state = greedy.init_greedy_search(cache, **common)
   else:
-    state = decoding.init_beam_search(cache, beam_size=beam_size, **common)
+    state = beam.init_beam_search(cache, beam_size=beam_size, **common)
   return state, (memory, source_segment_ids, fixed)
 
 
 def _continue(params: Any, state: Any, context: tuple[Array, Array, dict], until: int | Array, *,
-              model: model_lib.Transformer, backend: DecodingBackend, alpha: float, early_stopping: str,
+              model: model_lib.Transformer, backend: backends.DecodingBackend, alpha: float, early_stopping: str,
               cache_length: int) -> Any:
   """The search's steps until `until` (or every sentence done), the cache grown to cache_length first."""
   memory, source_segment_ids, fixed = context
@@ -157,25 +103,25 @@ def _continue(params: Any, state: Any, context: tuple[Array, Array, dict], until
     return logits[:, 0, :], _split_cache(new_variables['cache'])[1]
 
   state = state._replace(cache=backend.grow_cache(state.cache, cache_length))
-  if isinstance(state, decoding.GreedyState):
-    return decoding.continue_greedy_search(state, step_fn, until=until, **_SPECIAL_IDS)
-  return decoding.continue_beam_search(state, step_fn, until=until, alpha=alpha, early_stopping=early_stopping,
-                                       scores_fn=backend.extension_scores, reorder_cache=backend.reorder_cache,
-                                       **_SPECIAL_IDS)
+  if isinstance(state, greedy.GreedyState):
+    return greedy.continue_greedy_search(state, step_fn, until=until, **_SPECIAL_IDS)
+  return beam.continue_beam_search(state, step_fn, until=until, alpha=alpha, early_stopping=early_stopping,
+                                   scores_fn=backend.extension_scores, reorder_cache=backend.reorder_cache,
+                                   **_SPECIAL_IDS)
 
 
 def _output(state: Any, with_scores: bool) -> tuple[Array] | tuple[Array, Array]:
   """(best tokens,) or, with_scores, (tokens of every hypothesis, scores): see `decode_batch`."""
-  if isinstance(state, decoding.GreedyState):
+  if isinstance(state, greedy.GreedyState):
     return (state.tokens,)
-  tokens, scores = decoding.beam_search_output(state, tokenizer_lib.PAD_ID)
+  tokens, scores = beam.beam_search_output(state, tokenizer_lib.PAD_ID)
   return (tokens, scores) if with_scores else (tokens[:, 0, :],)
 
 
 def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transformer, beam_size: int,
                  alpha: float, extra_length: int, cache_stages: tuple[int, ...] = CACHE_STAGES,
                  with_scores: bool = False, early_stopping: str = 'bound',
-                 backend: DecodingBackend | None = None) -> Array | tuple[Array, Array]:
+                 backend: backends.DecodingBackend | None = None) -> Array | tuple[Array, Array]:
   """Translates one batch: encoder once, then cached beam search (or greedy when beam_size is 1).
 
   One compiled program with no host syncs (compiled once per shape, model and backend); `decode_batch_compacted`
@@ -193,33 +139,35 @@ def decode_batch(params: Any, source_tokens: Array, *, model: model_lib.Transfor
     cache_stages: decoded lengths at which the self-attention cache grows (the search compiles one loop
       per stage below the maximum length); () keeps the whole length from the start. Same output.
     with_scores: return every hypothesis with its score (beam search even at beam_size 1).
-    early_stopping: when a sentence's beam search stops (`decoding.beam_search`): 'bound' or 'finished'.
-    backend: what the steps run on; None: `decoding_backend(model.cfg)`, chosen here on the host.
+    early_stopping: when a sentence's beam search stops (`beam.beam_search`): 'bound' or 'finished'.
+    backend: what the steps run on; None: `backends.decoding_backend(model.cfg)`, chosen here on the host.
 
   Returns:
     int32 [batch, src_len + extra_length]: the best hypothesis, PAD after EOS. With with_scores, the
-    `decoding.beam_search` pair: tokens [batch, beam_size, src_len + extra_length], scores [batch, beam_size].
+    `beam.beam_search` pair: tokens [batch, beam_size, src_len + extra_length], scores [batch, beam_size].
 
   Raises:
     ValueError: with learned positions, if src_len + extra_length exceeds model.max_length; for an
-      early_stopping not in `decoding.EARLY_STOPPING`; as `decoding_backend`.
+      early_stopping not in `beam.EARLY_STOPPING`; as `backends.decoding_backend`.
   """
-  return _decode_batch_jit(params, source_tokens, model=model, backend=backend or decoding_backend(model.cfg),
+  backend = backend or backends.decoding_backend(model.cfg)
+  return _decode_batch_jit(params, source_tokens, model=model, backend=backend,
                            beam_size=beam_size, alpha=alpha, extra_length=extra_length, cache_stages=cache_stages,
                            with_scores=with_scores, early_stopping=early_stopping)
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'backend', 'beam_size', 'alpha', 'extra_length',
                                              'cache_stages', 'with_scores', 'early_stopping'))
-def _decode_batch_jit(params: Any, source_tokens: Array, *, model: model_lib.Transformer, backend: DecodingBackend,
-                      beam_size: int, alpha: float, extra_length: int, cache_stages: tuple[int, ...],
-                      with_scores: bool, early_stopping: str) -> Array | tuple[Array, Array]:
+def _decode_batch_jit(params: Any, source_tokens: Array, *, model: model_lib.Transformer,
+                      backend: backends.DecodingBackend, beam_size: int, alpha: float, extra_length: int,
+                      cache_stages: tuple[int, ...], with_scores: bool,
+                      early_stopping: str) -> Array | tuple[Array, Array]:
   """`decode_batch` with its backend chosen."""
   max_steps = _check(model, source_tokens.shape[1], extra_length, early_stopping)
-  ends = decoding.stage_ends(max_steps, cache_stages)
+  ends = search.stage_ends(max_steps, cache_stages)
   state, context = _start(params, source_tokens, model=model, backend=backend, beam_size=beam_size,
                           extra_length=extra_length, max_steps=max_steps, cache_length=ends[0],
-                          greedy=beam_size == 1 and not with_scores)
+                          is_greedy=beam_size == 1 and not with_scores)
   for end in ends:
     state = _continue(params, state, context, end, model=model, backend=backend, alpha=alpha,
                       early_stopping=early_stopping, cache_length=end)
@@ -228,14 +176,14 @@ def _decode_batch_jit(params: Any, source_tokens: Array, *, model: model_lib.Tra
 
 
 _start_jit = jax.jit(_start, static_argnames=('model', 'backend', 'beam_size', 'extra_length', 'max_steps',
-                                             'cache_length', 'greedy', 'context_length'))
+                                             'cache_length', 'is_greedy', 'context_length'))
 _continue_jit = jax.jit(_continue, static_argnames=('model', 'backend', 'alpha', 'early_stopping', 'cache_length'))
 _output_jit = jax.jit(_output, static_argnames=('with_scores',))  # Given states without their cache.
 
 
 @jax.jit
 def _take_sentences(state: Any, context: Any, index: Array) -> tuple[Any, Any]:
-  return decoding.take_sentences(state, index), jax.tree.map(lambda x: x[index], context)
+  return search.take_sentences(state, index), jax.tree.map(lambda x: x[index], context)
 
 
 def compacted_size(alive: int, batch_size: int, min_size: int = 8) -> int:
@@ -261,7 +209,8 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
                            early_stopping: str = 'bound', compact_every_steps: int,
                            skip_rows: np.ndarray | None = None, context_length: int | None = None,
                            min_size: int = 8,
-                           backend: DecodingBackend | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+                           backend: backends.DecodingBackend | None = None
+                           ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
   """`decode_batch`, stopping every compact_every_steps steps to drop the sentences that are done.
 
   A sentence's search ends at its own step, but a batch runs until its slowest sentence ends, and the rows
@@ -297,16 +246,16 @@ def decode_batch_compacted(params: Any, source_tokens: Array | np.ndarray, *, mo
     raise ValueError(f'compact_every_steps must be >= 1, got {compact_every_steps}')
   batch_size, source_length = source_tokens.shape
   width = _check(model, source_length, extra_length, early_stopping)  # The output's, as decode_batch's.
-  backend = backend or decoding_backend(model.cfg)
+  backend = backend or backends.decoding_backend(model.cfg)
   if context_length is None:
     context_length = context_length_for(source_length)
   max_steps = max(width, context_length + extra_length)
   if model.cfg.position_embedding == 'learned':  # Steps past L_b <= width are never taken.
     max_steps = max(width, min(max_steps, model.cfg.max_length))
-  ends = decoding.stage_ends(max_steps, cache_stages)
+  ends = search.stage_ends(max_steps, cache_stages)
   state, context = _start_jit(params, jnp.asarray(source_tokens), model=model, backend=backend, beam_size=beam_size,
                               extra_length=extra_length, max_steps=max_steps, cache_length=ends[0],
-                              greedy=beam_size == 1 and not with_scores, context_length=context_length)
+                              is_greedy=beam_size == 1 and not with_scores, context_length=context_length)
   if skip_rows is not None:
     state = state._replace(done=state.done | jnp.asarray(skip_rows, bool))
   rows = np.arange(batch_size)  # The input row of each row of the state.
@@ -474,7 +423,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
     if compact_every_steps:
       logging.info('decode.compact_every_steps=%d is ignored over %d devices: each batch is one compiled search.',
                    compact_every_steps, len(batch_sharding.device_set))
-  backend = decoding_backend(model.cfg)  # Once, on the host, for every batch.
+  backend = backends.decoding_backend(model.cfg)  # Once, on the host, for every batch.
   logging.info('Decoding %d batch(es) at once on %s.', workers, type(backend).__name__)
   params = model_lib.params_in_compute_dtype(params, model.cfg)  # Once, not in every decoding step.
   decode_one = functools.partial(

@@ -10,8 +10,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import numerics
-from transformer_jax import sharding
+from transformer_jax.model import numerics
+from transformer_jax.model import sharding
 
 Array = jax.Array
 
@@ -175,7 +175,7 @@ class MultiHeadAttention(nn.Module):
   and values, projected once per sentence). Cached keys and values are stored heads-first, [batch, kv_heads,
   length, d_k or d_v], the layout the one-query products read in place (stored [batch, length, kv_heads, d],
   XLA:CPU transposed the whole cache at every step). Those three methods are this layer's decoding contract: a
-  decoding backend may replace them (`translation.decoding_backend`); the parameters are the same either way.
+  decoding backend may replace them (`decoding.backends.decoding_backend`); the parameters are the same either way.
 
   Attributes:
     num_heads: h.

@@ -11,10 +11,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import attention
-from transformer_jax import numerics
-from transformer_jax import layers
-from transformer_jax import sharding
+from transformer_jax.model import attention
+from transformer_jax.model import layers
+from transformer_jax.model import numerics
+from transformer_jax.model import sharding
 
 Array = jax.Array
 PositionEmbedding = Literal['sinusoidal', 'learned', 'rope', 'none']
@@ -64,7 +64,7 @@ class ModelConfig:
   # encoder-decoder attention's decoding cache; the self-attention cache is always dtype.
   attention_product_dtype: AttentionProductDtype = 'compute'
   # A decoding choice, not the model's (no module reads it): the backend a search's steps run on, chosen on the
-  # host by `translation.decoding_backend` ('cpu': the C++ kernels of `transformer_jax.cpu`; 'xla'; 'auto': the
+  # host by `decoding.backends.decoding_backend` ('cpu': the C++ kernels of `transformer_jax.cpu`; 'xla'; 'auto': the
   # kernels on a single CPU device where they build). Kept here for its config key, model.decoding_kernel.
   decoding_kernel: DecodingKernel = 'auto'
 
@@ -117,7 +117,7 @@ def params_in_compute_dtype(params: Any, cfg: ModelConfig) -> Any:
   """The parameters with two or more dimensions (projection kernels, embedding tables) in the compute dtype.
 
   Every use of those casts them to cfg.compute_dtype, so the model computes the same with either; norm
-  scales and biases (1-D) stay float32. For the searches of `translation.decode_all`: XLA:CPU does not hoist
+  scales and biases (1-D) stay float32. For the searches of `decoding.translate.decode_all`: XLA:CPU does not hoist
   the casts out of a search's while loop, which cast every weight at every step (docs/performance.md).
 
   Args:
