@@ -242,63 +242,98 @@ class WorkdirInUseError(errors.RunFolderError):
 
 
 class RunLock:
-  """One writer per run folder: `<workdir>/run.lock`, created exclusively, holding the holder's host, pid,
-  start time and command.
+  """One writer per run folder: an exclusive `fcntl.flock` on `<workdir>/run.lock`, a file that stays, holding
+  the holder's host, pid, start time and command while it is held (emptied on release).
 
-  A second train or evaluate on the folder stops at once with `WorkdirInUseError` naming the holder. A lock
-  left by a process that no longer runs on this host (killed with -9, a crashed machine's reboot) is taken
-  over with a warning; a holder on another host cannot be checked from here, so the error says how to
-  remove its lock. Folders that are not local paths (gs://...) are not locked: the caller logs that.
-  Use as a context manager, or `acquire()` and `release()` (release on every exit path).
+  The kernel grants the lock to one process at a time and drops it when its holder exits however it ends
+  (`kill -9` included), so taking over a dead holder's lock is the same atomic step as taking a free one: of
+  any number of processes racing for it, exactly one holds it. A second train or evaluate on the folder stops
+  at once with `WorkdirInUseError` naming the holder. A record left by a process on another host (a shared
+  folder whose file system may not pass locks between hosts) is not taken over: the error says how to remove
+  it. Whatever the file holds (another program's text, binary garbage, a directory in its place), the outcome
+  is this one lock or one `errors.UserError` line naming the file. Folders that are not local paths (gs://...)
+  are not locked: the caller logs that. Use as a context manager, or `acquire()` and `release()` (release on
+  every exit path).
   """
 
   def __init__(self, workdir: str | os.PathLike[str], purpose: str):
     self.file = path(workdir, LOCK)
     self.purpose = purpose
     self.held = False
+    self._fd: int | None = None
 
   @staticmethod
   def supported(workdir: str | os.PathLike[str]) -> bool:
-    """Whether the folder is a local path (an exclusive create is only atomic there)."""
+    """Whether the folder is a local path (where the kernel's file locks work)."""
     return '://' not in os.fspath(workdir)
 
   def acquire(self) -> 'RunLock':
-    """Creates the lock, taking over a stale one.
+    """Takes the lock (a free one, or one whose holder on this host has died), and writes this process's record.
 
     Raises:
       WorkdirInUseError: naming the holder (host, pid, start time, command) and what to do.
+      errors.PathError: naming the file, when run.lock cannot be opened or locked (a directory in its place,
+        no permission, a file system without locks).
     """
+    import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only; the package's lock is POSIX-only too)
     record = {'host': socket.gethostname(), 'pid': os.getpid(), 'purpose': self.purpose,
               'started': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
               'command': ' '.join(sys.argv)}
-    for _ in range(2):
+    for _ in range(3):
       try:
-        fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        holder = self._holder()
-        if not self._stale(holder):
-          raise WorkdirInUseError(self._in_use_message(holder)) from None
+        fd = os.open(self.file, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o644)
+      except IsADirectoryError:
+        raise errors.PathError(f'{self.file} is a directory, not the run\'s lock file: remove it (rmdir) and '
+                               'rerun.') from None
+      except OSError as e:
+        raise errors.PathError(f'{self.file} cannot be opened as the run\'s lock file ({e.strerror}).') from None
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        holder = _parse_lock_record(_read_lock(fd))
+        os.close(fd)
+        raise WorkdirInUseError(self._in_use_message(holder)) from None
+      except OSError as e:
+        os.close(fd)
+        raise errors.PathError(f'{self.file} cannot be locked ({e.strerror}): this file system does not support '
+                               'file locks; use a local --workdir.') from None
+      try:
+        same = os.fstat(fd).st_ino == os.stat(self.file).st_ino
+      except FileNotFoundError:
+        same = False
+      if not same:  # Deleted or replaced between the open and the lock: lock the file now at that path.
+        os.close(fd)
+        continue
+      text = _read_lock(fd)
+      holder = _parse_lock_record(text)
+      if holder.get('host') not in (None, record['host']):
+        os.close(fd)  # Releases the flock; the other host's record stays.
+        raise WorkdirInUseError(self._in_use_message(holder))
+      if holder:
         logging.warning('Taking over %s, left by process %s on %s (%s), which no longer runs.', self.file,
                         holder.get('pid'), holder.get('host'), holder.get('started'))
-        try:
-          os.unlink(self.file)
-        except FileNotFoundError:
-          pass  # Another process took it over first: the exclusive create decides.
-        continue
-      with os.fdopen(fd, 'w', encoding='utf-8') as f:
-        json.dump(record, f)
-      self.held = True
+      elif text.strip():
+        logging.warning('Taking over %s, which holds no lock record (%d bytes of something else); no process '
+                        'holds it.', self.file, len(text))
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, json.dumps(record).encode('utf-8'), 0)
+      os.fsync(fd)
+      self._fd, self.held = fd, True
       return self
-    raise WorkdirInUseError(self._in_use_message(self._holder()))
+    raise WorkdirInUseError(f'{self.file} was replaced three times while being locked: another program is '
+                            'deleting it; stop it and rerun.')
 
   def release(self) -> None:
-    """Removes the lock if this object holds it."""
+    """Empties the lock file and releases the lock, if this object holds it. The file stays (deleting it would
+    let a later process lock a new file while an earlier one still holds the old)."""
     if self.held:
       self.held = False
+      fd, self._fd = self._fd, None
       try:
-        os.unlink(self.file)
-      except FileNotFoundError:
+        os.ftruncate(fd, 0)
+      except OSError:
         pass
+      os.close(fd)  # Releases the flock.
 
   def __enter__(self) -> 'RunLock':
     return self.acquire()
@@ -306,33 +341,44 @@ class RunLock:
   def __exit__(self, *exc_info) -> None:
     self.release()
 
-  def _holder(self) -> dict:
+  def holder(self) -> dict:
+    """The record in the lock file now ({} when empty or not a lock record), without locking."""
     try:
-      with open(self.file, encoding='utf-8') as f:
-        return json.load(f)
-    except (OSError, ValueError):
+      with open(self.file, 'rb') as f:
+        return _parse_lock_record(f.read(65536).decode('utf-8', 'replace'))
+    except OSError:
       return {}
-
-  def _stale(self, holder: dict) -> bool:
-    """A holder that no longer runs on this host; an unreadable lock older than 10 s (its writer died)."""
-    if not holder:
-      try:
-        return datetime.datetime.now().timestamp() - os.path.getmtime(self.file) > 10.0
-      except FileNotFoundError:
-        return True
-    if holder.get('host') != socket.gethostname():
-      return False
-    try:
-      os.kill(int(holder['pid']), 0)
-    except ProcessLookupError:
-      return True
-    except (PermissionError, KeyError, ValueError, TypeError):
-      return False
-    return False
 
   def _in_use_message(self, holder: dict) -> str:
     who = (f"process {holder.get('pid')} on {holder.get('host')}, {holder.get('purpose', 'a run')} since "
-           f"{holder.get('started')} ({holder.get('command')})" if holder else 'a process that left no record')
+           f"{holder.get('started')} ({holder.get('command')})" if holder
+           else 'a process that has not written its record yet')
+    other_host = holder.get('host') not in (None, socket.gethostname())
     return (f'{os.path.dirname(self.file)} is in use by {who}: one process writes a run folder at a time. '
-            f'Wait for it to finish, stop it, or use another --workdir; if that process no longer runs, delete '
-            f'{self.file}.')
+            f'Wait for it to finish, stop it, or use another --workdir'
+            + (f'; if that process no longer runs, delete {self.file}.' if other_host else '.'))
+
+
+def _read_lock(fd: int) -> str:
+  """The lock file's text (at most 64 KiB; undecodable bytes replaced)."""
+  try:
+    return os.pread(fd, 65536, 0).decode('utf-8', 'replace')
+  except OSError:
+    return ''
+
+
+def _parse_lock_record(text: str) -> dict:
+  """A lock record's fields, each of its expected type ({} for anything else: empty, not JSON, not an object,
+  no host, a pid that is not a process id)."""
+  try:
+    value = json.loads(text)
+  except ValueError:
+    return {}
+  if not isinstance(value, dict) or not isinstance(value.get('host'), str):
+    return {}
+  pid = value.get('pid')
+  record = {key: str(value[key])[:200] for key in ('host', 'purpose', 'started', 'command')
+            if isinstance(value.get(key), (str, int, float))}
+  if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**31:
+    record['pid'] = pid
+  return record
