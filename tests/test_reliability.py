@@ -481,6 +481,7 @@ def test_second_writer_stops_at_once_naming_the_holder(tmp_path, corpus, referen
       evaluate.evaluate_checkpoint(config_checks.config_for_mode(config, str(workdir), 'evaluate'), str(workdir))
   assert (workdir / workdir_lib.LOCK).read_text() == ''  # Released on exit (the file stays, empty).
 
+
 def test_lock_is_released_on_errors_and_a_stale_one_is_taken_over(tmp_path, caplog):
   lock = workdir_lib.RunLock(tmp_path, 'train')
   with pytest.raises(RuntimeError, match='boom'):
