@@ -121,6 +121,7 @@ class CheckpointManager:
     # The same naming orbax uses by default (`<step>`, committed steps only); kept here so that the
     # fingerprint can be read before the orbax manager creates anything on disk.
     self._name_format = ocp.step.standard_name_format()
+    self._read_only = read_only
     self._fingerprint = None if fingerprint is None else checkpoint_checks.to_json(fingerprint, 'fingerprint')
     if fingerprint is not None:
       self.check_compatible(fingerprint)
@@ -224,10 +225,13 @@ class CheckpointManager:
       overwrites a step). Calling `save` every step is therefore cheap and correct.
 
     Raises:
+      RuntimeError: if the manager was opened read-only.
       ValueError: if `data_state` is not JSON-serialisable.
       CheckpointSaveError: if an earlier save has failed in the background (checked without blocking
         at every call, and by waiting for it before a save that is due), or this save fails to start.
     """
+    if self._read_only:
+      raise RuntimeError(f'The checkpoints in {self._directory} were opened read-only: not saving step {step}.')
     data_state = checkpoint_checks.to_json(data_state, 'data_state')
     self._raise_if_failed(wait=force or step % self._save_interval_steps == 0)
     if step in self._manager.all_steps():
@@ -322,6 +326,11 @@ class CheckpointManager:
   def __exit__(self, *exc_info) -> None:
     self.close()
 
+  def reload(self) -> list[int]:
+    """Lists the committed steps again (a trainer beside a reader adds and deletes them); returns them, ascending."""
+    self._manager.reload()
+    return self.all_steps()
+
   def latest_step(self) -> int | None:
     """The newest committed step, or None. It may still be unreadable: see `restore_latest`."""
     return self._manager.latest_step()
@@ -414,8 +423,11 @@ class CheckpointManager:
       The steps moved, ascending.
 
     Raises:
+      RuntimeError: if the manager was opened read-only.
       errors.RunFolderError: if a newer step is still listed afterwards.
     """
+    if self._read_only:
+      raise RuntimeError(f'The checkpoints in {self._directory} were opened read-only: not moving any.')
     newer = [s for s in self.all_steps() if s > step]
     self._manager.wait_until_finished()
     if jax.process_index() == 0 and newer:

@@ -59,9 +59,10 @@ def record_vocabulary_hash(config, workdir: str) -> None:
     recorded.write_text(hashlib.sha256(vocabulary.read_bytes()).hexdigest() + '\n')
 
 
-def open_checkpoints(config, workdir: str,
-                     model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
-  """The checkpoint manager of `workdir`.
+def open_checkpoints(config, workdir: str, model_cfg: model_lib.ModelConfig,
+                     read_only: bool = False) -> checkpoints_lib.CheckpointManager:
+  """The checkpoint manager of `workdir`; with `read_only`, one that only restores (for the modes that read a run:
+  it creates, deletes and renames nothing, and leaves a trainer's save in progress alone).
 
   The fingerprint stored with every checkpoint is what a run must agree with to resume or evaluate it: the
   architecture (not the compute or attention-product dtype, attention implementation or rematerialisation,
@@ -72,12 +73,14 @@ def open_checkpoints(config, workdir: str,
   """
   return checkpoints_lib.CheckpointManager(
       workdir, max_to_keep=config.train.max_checkpoints_to_keep,
-      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=_fingerprint(config, model_cfg))
+      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=_fingerprint(config, model_cfg),
+      read_only=read_only)
 
 
-def open_best_checkpoints(config, workdir: str,
-                          model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
-  """`<workdir>/best_checkpoints`: the eval.average_best_n checkpoints with the highest validation BLEU.
+def open_best_checkpoints(config, workdir: str, model_cfg: model_lib.ModelConfig,
+                          read_only: bool = False) -> checkpoints_lib.CheckpointManager:
+  """`<workdir>/best_checkpoints`: the eval.average_best_n checkpoints with the highest validation BLEU
+  (`read_only`: as in `open_checkpoints`).
 
   Each holds {'params': ...} only (no optimiser state) and the metric `bleu` it was chosen by.
 
@@ -86,7 +89,19 @@ def open_best_checkpoints(config, workdir: str,
   """
   return checkpoints_lib.CheckpointManager(
       workdir, max_to_keep=config.eval.average_best_n, fingerprint=_fingerprint(config, model_cfg),
-      subdir=workdir_lib.BEST_CHECKPOINTS, best_metric='bleu')
+      subdir=workdir_lib.BEST_CHECKPOINTS, best_metric='bleu', read_only=read_only)
+
+
+def require_vocabulary(config, workdir: str) -> None:
+  """For the modes that read a run: its vocabulary must exist (they never train one into the run folder).
+
+  Raises:
+    errors.MissingFileError: naming the file.
+  """
+  vocabulary, _ = _vocabulary_paths(config, workdir)
+  if not vocabulary.exists():
+    raise errors.MissingFileError(f'{vocabulary} does not exist: {workdir} holds no trained run of '
+                                  f'data.vocab_size={config.data.vocab_size} (train it first).')
 
 
 # ModelConfig fields added after checkpoints existed: left out of the fingerprint at their defaults, so that

@@ -237,6 +237,56 @@ def with_defaults(stored: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return stored
 
 
+def make_output_dir(output: str | None, workdir: str | os.PathLike[str], stamp: str) -> str:
+  """Creates and returns the folder an evaluation writes into, before any work starts: `output` (--output, which
+  must not exist or be an empty folder), else a new `<workdir>/evaluations/<stamp>[-<n>]` (created exclusively, so
+  that two evaluations never share one).
+
+  Raises:
+    errors.PathError: naming the folder and the flag, when it cannot be created (a read-only run folder: pass
+      --output=DIR), or --output names a file or a non-empty folder.
+  """
+  if output:
+    target = epath.Path(output)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+      raise errors.PathError(f'--output={output} exists and is not an empty folder: choose a new one.')
+    try:
+      target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise errors.PathError(f'--output={output} cannot be created ({e.strerror or e}).') from None
+    return os.fspath(output)
+  stem = path(workdir, f'{EVALUATIONS}/{stamp}')
+  for n in range(1000):
+    name = stem if n == 0 else f'{stem}-{n}'
+    try:
+      epath.Path(name).parent.mkdir(parents=True, exist_ok=True)
+      epath.Path(name).mkdir(exist_ok=False)
+      return name
+    except FileExistsError:
+      continue
+    except OSError as e:
+      raise errors.PathError(f'{name} cannot be created ({e.strerror or e}): the run folder is not writable; pass '
+                             '--output=DIR to write the evaluation elsewhere.') from None
+  raise errors.PathError(f'{stem}-* are all taken: pass --output=DIR.')
+
+
+def check_output_file(output: str) -> None:
+  """Checks before any work starts that a file can be written at `output` (--output of --mode=translate): not a
+  folder, in a folder that exists and can be written; an existing file must be writable. Writes nothing.
+
+  Raises:
+    errors.PathError: naming --output and what is wrong.
+  """
+  target = pathlib.Path(output)
+  if target.is_dir():
+    raise errors.PathError(f'--output={output} is a folder: give the path of the file to write.')
+  parent = target.parent
+  if not parent.is_dir():
+    raise errors.PathError(f'--output={output}: the folder {parent} does not exist.')
+  if target.exists() and not os.access(target, os.W_OK) or not target.exists() and not os.access(parent, os.W_OK):
+    raise errors.PathError(f'--output={output} cannot be written (permissions).')
+
+
 class WorkdirInUseError(errors.RunFolderError):
   """Another process holds the run folder's `run.lock`."""
 
