@@ -192,7 +192,8 @@ def prepare_argv(argv: list[str]) -> list[str]:
     has a config.json.
 
   Raises:
-    SystemExit: with a message, when --config is left out and the workdir holds no run.
+    SystemExit: with a message, when --config is left out and the workdir holds no run, or a damaged
+      config.json or config_changes.json (one line naming the file).
   """
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   roots = [pathlib.Path(__file__).resolve().parents[1]]
@@ -204,6 +205,10 @@ def prepare_argv(argv: list[str]) -> list[str]:
       sys.path.insert(0, str(root))
   workdir = _flag_value(argv, 'workdir')
   if config is None and workdir and pathlib.Path(workdir_lib.path(workdir, workdir_lib.CONFIG)).is_file():
+    try:  # A damaged config.json or config_changes.json: one line, not absl's "FATAL Flags parsing error".
+      workdir_lib.load_run_config(workdir)
+    except errors.UserError as error:
+      sys.exit(errors.one_line(error))
     # Before every other flag: absl defines the --config.<field> override flags when it parses --config.
     argv = [argv[0], f'--config={workdir_lib.__file__}:{workdir}', *argv[1:]]
   elif config is None and not any(arg.startswith('--helpfull') or arg == '--helpxml' for arg in argv):

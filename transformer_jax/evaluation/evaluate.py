@@ -191,7 +191,11 @@ def load_params(eval_config, setup: Setup):
       return selection.select_params(eval_config, setup.checkpoints, setup.best_checkpoints,
                                      setup.abstract_state().params)
     except Exception as e:  # pylint: disable=broad-except
-      if attempt == 9 or [m.reload() for m in managers] == listed:
+      try:
+        changed = [m.reload() for m in managers] != listed
+      except Exception:  # pylint: disable=broad-except
+        changed = True  # A step deleted while being listed.
+      if attempt == 9 or not changed:
         raise
       logging.warning('The checkpoints changed while being read (%s: %s; a trainer is saving beside this reader): '
                       'choosing again from steps %s.', type(e).__name__, e, setup.checkpoints.all_steps())

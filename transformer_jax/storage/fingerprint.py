@@ -10,6 +10,7 @@ than the one the run trained with (`vocabulary.sha256`, written by `record_vocab
 """
 import dataclasses
 import hashlib
+import re
 
 from etils import epath
 import jax
@@ -33,9 +34,14 @@ def check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointMa
     errors.MissingFileError: naming the missing file and the checkpoint step, when checkpoints exist without it.
     errors.ConfigError: naming the file and both hashes, when it differs from the one the run recorded
       (`vocabulary.sha256`, written by `record_vocabulary_hash`).
+    errors.DamagedFileError: naming `vocabulary.sha256`, when it does not hold a SHA-256.
   """
   vocabulary, recorded = _vocabulary_paths(config, workdir)
-  expected = recorded.read_text().strip() if recorded.exists() else None
+  expected = recorded.read_bytes().decode('utf-8', 'replace').strip() if recorded.exists() else None
+  if expected is not None and not re.fullmatch('[0-9a-f]{64}', expected):
+    raise errors.DamagedFileError(
+        f'{recorded} is damaged (it holds {expected[:80]!r}, not a SHA-256): restore it, or delete it if '
+        f'{vocabulary} is the vocabulary this run trained with (it is recorded again at the next training start).')
   if not vocabulary.exists():
     latest = manager.latest_step()
     if latest is not None:
@@ -50,6 +56,12 @@ def check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointMa
         f'{vocabulary} has SHA-256 {actual}, but this run was trained with the vocabulary of SHA-256 '
         f'{expected} ({recorded}): its embeddings would index other pieces. Restore the original '
         'file, or train in another --workdir.')
+
+
+def vocabulary_sha256(config, workdir: str) -> str | None:
+  """The SHA-256 of the run's vocabulary file (None when there is none yet)."""
+  vocabulary, _ = _vocabulary_paths(config, workdir)
+  return hashlib.sha256(vocabulary.read_bytes()).hexdigest() if vocabulary.exists() else None
 
 
 def record_vocabulary_hash(config, workdir: str) -> None:

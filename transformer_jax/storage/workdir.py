@@ -62,6 +62,52 @@ def hypotheses_file(split: str, target_lang: str) -> str:
   return f'{split}.hyp.{target_lang}'
 
 
+def read_json(file: str | os.PathLike[str], kind: type, remedy: str) -> object:
+  """The JSON value in `file`, a run folder's bookkeeping file, which must be of type `kind` (dict or list).
+
+  Raises:
+    errors.DamagedFileError: naming the file, when it cannot be read, is not valid JSON (cut short) or holds
+      another kind of value; the message ends with `remedy`.
+  """
+  try:
+    value = json.loads(epath.Path(file).read_text(encoding='utf-8'))
+  except UnicodeDecodeError as e:
+    raise errors.DamagedFileError(f'{file} is damaged (not UTF-8: {e.reason}); {remedy}') from None
+  except ValueError as e:
+    raise errors.DamagedFileError(f'{file} is damaged (not valid JSON: {e}); {remedy}') from None
+  except IsADirectoryError:
+    raise errors.DamagedFileError(f'{file} is a directory, not a file; {remedy}') from None
+  if not isinstance(value, kind):
+    raise errors.DamagedFileError(f'{file} is damaged (it holds a JSON {type(value).__name__}, not a '
+                                  f'{"JSON object" if kind is dict else "JSON list"}); {remedy}')
+  return value
+
+
+def _config_changes(workdir: str | os.PathLike[str], config_keys: dict | None = None) -> list:
+  """`config_changes.json`'s entries, each checked: {'from_step': int, 'changes': {'<section>.<field>': [old,
+  new]}, ...}, with every key a field of the run's config where `config_keys` (config_leaves of it) is given.
+
+  Raises:
+    errors.DamagedFileError: naming the file and the entry, for anything else.
+  """
+  changes_path = path(workdir, CONFIG_CHANGES)
+  if not epath.Path(changes_path).exists():
+    return []
+  remedy = 'restore it from a copy, or remove the damaged entry.'
+  history = read_json(changes_path, list, remedy)
+  for i, entry in enumerate(history):
+    where = f'{changes_path} is damaged (entry {i + 1}'
+    if not isinstance(entry, dict) or not isinstance(entry.get('changes'), dict):
+      raise errors.DamagedFileError(f'{where} has no "changes" object); {remedy}')
+    for key, change in entry['changes'].items():
+      if not isinstance(change, list) or len(change) != 2:
+        raise errors.DamagedFileError(f'{where}: {key!r} is not an [old, new] pair); {remedy}')
+      section, _, name = key.partition('.')
+      if not name or config_keys is not None and key not in config_keys:
+        raise errors.DamagedFileError(f'{where}: {key!r} is not a <section>.<field> of the config); {remedy}')
+  return history
+
+
 def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> str:
   """Writes `<workdir>/config.json` (sorted keys) by writing a temporary file and renaming it; returns its path.
 
@@ -137,7 +183,7 @@ def record_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[
   changes = {key: [before.get(key), value] for key, value in after.items() if before.get(key) != value}
   if changes:
     changes_path = epath.Path(path(workdir, CONFIG_CHANGES))
-    history = json.loads(changes_path.read_text(encoding='utf-8')) if changes_path.exists() else []
+    history = _config_changes(workdir)
     history.append({'from_step': step + 1, 'time': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
                     'changes': changes})
     _write_atomically(changes_path, json.dumps(history, indent=2, sort_keys=True))
@@ -152,20 +198,15 @@ def load_run_config(workdir: str | os.PathLike[str]) -> ml_collections.ConfigDic
 
   Raises:
     errors.MissingFileError: if `<workdir>/config.json` does not exist.
-    errors.DamagedFileError: naming the file, if config.json or config_changes.json is not valid JSON.
+    errors.DamagedFileError: naming the file, if config.json or config_changes.json is not valid JSON, or holds
+      something other than a config (an entry of changes that is not {'<section>.<field>': [old, new]}, a key
+      that is not a field of the config).
   """
   stored = with_defaults(load_config(path(workdir, CONFIG)))
-  changes_path = epath.Path(path(workdir, CONFIG_CHANGES))
-  if changes_path.exists():
-    try:
-      history = json.loads(changes_path.read_text(encoding='utf-8'))
-    except ValueError as e:
-      raise errors.DamagedFileError(
-          f'{changes_path} is not valid JSON ({e}); restore it or remove its last entry.') from None
-    for entry in history:
-      for key, (_, value) in entry['changes'].items():
-        section, name = key.split('.', 1)
-        stored[section][name] = value
+  for entry in _config_changes(workdir, config_leaves(stored)):
+    for key, (_, value) in entry['changes'].items():
+      section, name = key.split('.', 1)
+      stored[section][name] = value
   return stored
 
 
@@ -191,11 +232,11 @@ def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> m
   if not epath.Path(file).is_file():
     raise errors.MissingFileError(f'no config file {file!r} (give a ConfigDict, configs/<name>.py or a config.json)')
   if file.endswith('.json'):
-    try:
-      return ml_collections.ConfigDict(json.loads(epath.Path(file).read_text(encoding='utf-8')))
-    except ValueError as e:
-      raise errors.DamagedFileError(f'{file} is not valid JSON ({e}): the file is damaged (restore it from a copy, or '
-                                    'train in a new --workdir).') from None
+    value = read_json(file, dict, 'restore it from a copy, or train in a new --workdir.')
+    if not all(isinstance(section, dict) for section in value.values()):
+      raise errors.DamagedFileError(f'{file} is damaged (not every config section is a JSON object); restore it '
+                                    'from a copy, or train in a new --workdir.')
+    return ml_collections.ConfigDict(value)
   root = str(pathlib.Path(file).resolve().parents[1])
   if root not in sys.path:
     sys.path.insert(0, root)
@@ -268,6 +309,27 @@ def make_output_dir(output: str | None, workdir: str | os.PathLike[str], stamp: 
       raise errors.PathError(f'{name} cannot be created ({e.strerror or e}): the run folder is not writable; pass '
                              '--output=DIR to write the evaluation elsewhere.') from None
   raise errors.PathError(f'{stem}-* are all taken: pass --output=DIR.')
+
+
+def check_report_folder(workdir: str, name: str) -> None:
+  """Makes sure, before any long work, that `<workdir>/<name>` can be written: creates the workdir if missing.
+
+  Raises:
+    errors.PathError: naming --workdir, when it is a file, or under one, or cannot be created, or `name` in it
+      is a folder.
+  """
+  if '://' in workdir:
+    return
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.PathError(f'--workdir={workdir} is a file, not a folder: give a folder for {name}.')
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise errors.PathError(f'--workdir={workdir} cannot be created ({e.strerror or e}).') from None
+  if os.path.isdir(path(workdir, name)):
+    raise errors.PathError(f'{path(workdir, name)} is a folder: --workdir={workdir} cannot receive {name}.')
+  if not os.access(workdir, os.W_OK):
+    raise errors.PathError(f'--workdir={workdir} is not writable.')
 
 
 def check_output_file(output: str) -> None:

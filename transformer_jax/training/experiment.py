@@ -193,10 +193,13 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
     if tokenizer.vocab_size != model_cfg.vocab_size:
       raise errors.ConfigError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
                                f'data.vocab_size={model_cfg.vocab_size}')
-    if run_lock is not None:
+    manager.vocabulary_sha256 = fingerprint.vocabulary_sha256(config, workdir)
+    if lock == 'train':
       fingerprint.record_vocabulary_hash(config, workdir)
     best = (fingerprint.open_best_checkpoints(config, workdir, model_cfg, read_only=read_only)
             if config.train.eval_bleu_every_steps else None)
+    if best is not None:
+      best.vocabulary_sha256 = manager.vocabulary_sha256
   except BaseException:
     if manager is not None:
       manager.close()  # Its threads would outlive the error.
