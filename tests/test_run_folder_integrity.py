@@ -1,8 +1,10 @@
-"""The modes that read a run (translate, export, evaluate --output, tune_decoding --output) change nothing in its
-folder: they work on a folder nothing can write (even root: `chattr +i`), and leave a trainer's save in progress
-alone. A trainer saving every step against 20 readers is `benchmarks/readers_vs_trainer.py`'s.
+"""What a run folder's readers and a resume trust: the modes that read a run (translate, export, evaluate --output,
+tune_decoding --output) change nothing in its folder (they work on a folder nothing can write, even root: `chattr
++i`, and leave a trainer's save in progress alone), and a checkpoint is restored only as the step and vocabulary it
+was saved with. A trainer saving every step against 20 readers is `benchmarks/readers_vs_trainer.py`'s.
 """
 import importlib.util
+import json
 import os
 import pathlib
 import shutil
@@ -10,10 +12,17 @@ import subprocess
 
 import pytest
 
+from transformer_jax import errors
 from transformer_jax.evaluation import evaluate
 from transformer_jax.evaluation import tune_decoding
 from transformer_jax.storage import workdir as workdir_lib
+from transformer_jax.storage import checkpoint_checks
 from transformer_jax.training import config_checks
+from transformer_jax.training import experiment
+from transformer_jax.training import train
+
+from tiny_runs import NUM_STEPS  # pylint: disable=g-bad-import-order
+from tiny_runs import text_config
 
 pytestmark = [pytest.mark.usefixtures('persistent_compilation_cache'),
               pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')]
@@ -81,3 +90,60 @@ def test_reading_modes_leave_a_save_in_progress_alone(tmp_path, reference_run):
   before = snapshot(run)
   _reading_modes(run, tmp_path)
   assert snapshot(run) == before
+
+
+def _reader_params(run: pathlib.Path):
+  config = config_checks.config_for_mode(workdir_lib.load_config(str(run)), str(run), 'translate')
+  setup = experiment.setup(config, str(run))
+  try:
+    return evaluate.load_params(config.eval, setup)
+  finally:
+    setup.close()
+
+
+@pytest.mark.parametrize('renamed', [(NUM_STEPS, NUM_STEPS + 2), (NUM_STEPS - 2, NUM_STEPS - 1)])
+def test_a_renamed_step_folder_is_never_restored_as_its_new_step(tmp_path, corpus, reference_run, renamed):
+  run = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, run)
+  old, new = renamed
+  (run / 'checkpoints' / str(old)).rename(run / 'checkpoints' / str(new))
+  with pytest.raises(errors.DamagedFileError, match=rf'checkpoints/{new} holds checkpoint step {old}, not step {new}'):
+    _reader_params(run)  # Averaging reads the parameters only.
+  setup = experiment.setup(text_config(corpus), str(run))
+  try:
+    with pytest.raises(errors.DamagedFileError, match=rf'checkpoints/{new} holds'):
+      setup.checkpoints.restore(new, setup.abstract_state())
+  finally:
+    setup.close()
+
+
+def test_a_checkpoint_of_another_vocabulary_of_the_same_size_is_refused(tmp_path, corpus, reference_run):
+  run = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, run)
+  step = run / 'checkpoints' / str(NUM_STEPS)
+  metadata = next(p for p in (step / 'metadata').rglob('*') if p.is_file() and p.suffix != '.tmp'
+                  and 'fingerprint' in p.read_text(errors='replace'))
+  value = json.loads(metadata.read_text())
+  metadata.write_text(json.dumps(value | {'vocabulary_sha256': 'f' * 64}))  # Copied in from another run.
+  checkpoint_checks.write_checksums(step)
+  with pytest.raises(errors.ConfigError, match=rf'checkpoints/{NUM_STEPS} was trained with the vocabulary of '
+                                               rf'SHA-256 f{{64}}'):
+    _reader_params(run)
+  config = text_config(corpus)
+  config.train.num_train_steps = NUM_STEPS + 2
+  with pytest.raises(errors.ConfigError, match=rf'checkpoints/{NUM_STEPS} was trained with the vocabulary'):
+    train.train_and_evaluate(config, str(run))  # Resuming: refused, not set aside for the step before.
+  assert step.is_dir()
+
+
+@pytest.mark.parametrize('steps', [NUM_STEPS - 1, 2])
+def test_num_train_steps_below_the_finished_step_changes_nothing(tmp_path, corpus, reference_run, steps):
+  run = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, run)
+  before = snapshot(run)
+  config = text_config(corpus)
+  config.train.num_train_steps = steps
+  with pytest.raises(errors.ConfigError, match=rf'train.num_train_steps={steps} is below step {NUM_STEPS}'):
+    train.train_and_evaluate(config, str(run))
+  after = snapshot(run)
+  assert {k: v for k, v in after.items() if k != 'run.lock'} == {k: v for k, v in before.items() if k != 'run.lock'}
