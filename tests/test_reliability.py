@@ -479,7 +479,7 @@ def test_second_writer_stops_at_once_naming_the_holder(tmp_path, corpus, referen
     assert snapshot(workdir) == before
     with pytest.raises(workdir_lib.WorkdirInUseError):  # An evaluation writes too.
       evaluate.evaluate_checkpoint(config_checks.config_for_mode(config, str(workdir), 'evaluate'), str(workdir))
-  assert not (workdir / workdir_lib.LOCK).exists()  # Released on exit.
+  assert (workdir / workdir_lib.LOCK).read_text() == ''  # Released on exit (the file stays, empty).
 
 
 def test_lock_is_released_on_errors_and_a_stale_one_is_taken_over(tmp_path, caplog):
@@ -488,7 +488,7 @@ def test_lock_is_released_on_errors_and_a_stale_one_is_taken_over(tmp_path, capl
     with lock:
       assert json.loads((tmp_path / workdir_lib.LOCK).read_text())['pid'] == os.getpid()
       raise RuntimeError('boom')
-  assert not (tmp_path / workdir_lib.LOCK).exists()
+  assert (tmp_path / workdir_lib.LOCK).read_text() == ''  # Released: the file stays (locked with flock), empty.
   dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True,
                         check=True)
   stale = json.loads(json.dumps({'host': __import__('socket').gethostname(), 'pid': int(dead.stdout),

@@ -51,7 +51,8 @@ flags.DEFINE_enum('mode', 'train', MODES, 'What to do (config: print every confi
                   'and meaning, and exit).')
 flags.DEFINE_string('input', None, 'translate mode: input file, one sentence per line (stdin if omitted).')
 flags.DEFINE_string('output', None, 'translate mode: output file (stdout if omitted); export mode: the new '
-                    'folder of the CTranslate2 model.')
+                    'folder of the CTranslate2 model; evaluate and tune_decoding modes: a new folder for their '
+                    'outputs (default: <workdir>/evaluations/<time>; with --output the run is only read).')
 flags.DEFINE_list('beam_sizes', ['4'], 'tune_decoding mode: beam sizes to decode the validation split with.')
 flags.DEFINE_list('alphas', ['0.6', '0.8', '1.0', '1.2'], 'tune_decoding mode: length penalty exponents to try.')
 flags.DEFINE_list('average_windows', [], "tune_decoding mode: checkpoint windows to average (§6.1), each 'N' (the "
@@ -137,12 +138,12 @@ def main(argv):
   if mode == 'train':
     train.train_and_evaluate(config, workdir)
   elif mode == 'evaluate':
-    evaluate.evaluate_checkpoint(config, workdir)
+    evaluate.evaluate_checkpoint(config, workdir, flags.FLAGS.output)
   elif mode == 'translate':
     evaluate.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
   elif mode == 'tune_decoding':
     from transformer_jax.evaluation import tune_decoding  # pylint: disable=g-import-not-at-top
-    tune_decoding.tune_decoding(config, workdir, *_decoding_grid())  # It checks the ranges first.
+    tune_decoding.tune_decoding(config, workdir, *_decoding_grid(), output_dir=flags.FLAGS.output)  # It checks the ranges first.
   elif mode == 'export':
     from transformer_jax.tools import export  # pylint: disable=g-import-not-at-top
     export.export_run(config, workdir, flags.FLAGS.output)
@@ -191,7 +192,8 @@ def prepare_argv(argv: list[str]) -> list[str]:
     has a config.json.
 
   Raises:
-    SystemExit: with a message, when --config is left out and the workdir holds no run.
+    SystemExit: with a message, when --config is left out and the workdir holds no run, or a damaged
+      config.json or config_changes.json (one line naming the file).
   """
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   roots = [pathlib.Path(__file__).resolve().parents[1]]
@@ -203,6 +205,10 @@ def prepare_argv(argv: list[str]) -> list[str]:
       sys.path.insert(0, str(root))
   workdir = _flag_value(argv, 'workdir')
   if config is None and workdir and pathlib.Path(workdir_lib.path(workdir, workdir_lib.CONFIG)).is_file():
+    try:  # A damaged config.json or config_changes.json: one line, not absl's "FATAL Flags parsing error".
+      workdir_lib.load_run_config(workdir)
+    except errors.UserError as error:
+      sys.exit(errors.one_line(error))
     # Before every other flag: absl defines the --config.<field> override flags when it parses --config.
     argv = [argv[0], f'--config={workdir_lib.__file__}:{workdir}', *argv[1:]]
   elif config is None and not any(arg.startswith('--helpfull') or arg == '--helpxml' for arg in argv):

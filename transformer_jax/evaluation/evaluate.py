@@ -8,6 +8,7 @@ Multi30k literature. The search itself is `translate.py`'s; the Setup every mode
 import functools
 import json
 import math
+import re
 import sys
 import time
 from typing import Any, Iterable
@@ -177,11 +178,28 @@ def load_params(eval_config, setup: Setup):
     (params, steps): the (averaged) parameters, placed as for training, and the checkpoint steps they
     come from, ascending.
 
+  A trainer may save and delete steps (train.max_checkpoints_to_keep) while this reads them: when a read fails
+  and the steps on disk have changed meanwhile, the choice is made again from the new steps (up to 10 times).
+
   Raises:
     FileNotFoundError: if the workdir holds no checkpoint to choose from.
   """
-  return selection.select_params(eval_config, setup.checkpoints, setup.best_checkpoints,
-                                 setup.abstract_state().params)
+  managers = [m for m in (setup.checkpoints, setup.best_checkpoints) if m is not None]
+  for attempt in range(10):
+    listed = [m.all_steps() for m in managers]
+    try:
+      return selection.select_params(eval_config, setup.checkpoints, setup.best_checkpoints,
+                                     setup.abstract_state().params)
+    except Exception as e:  # pylint: disable=broad-except
+      try:
+        changed = [m.reload() for m in managers] != listed
+      except Exception:  # pylint: disable=broad-except
+        changed = True  # A step deleted while being listed.
+      if attempt == 9 or not changed:
+        raise
+      logging.warning('The checkpoints changed while being read (%s: %s; a trainer is saving beside this reader): '
+                      'choosing again from steps %s.', type(e).__name__, e, setup.checkpoints.all_steps())
+  raise AssertionError('unreachable')
 
 
 def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, test_split=None,
@@ -254,11 +272,22 @@ def _print_bleu(config, results: dict[str, float], signature: str, steps: list[i
         'and -tokenised, multi-bleu: the Multi30k literature\'s BLEU)')
 
 
+# Every character at which str.splitlines (and so an editor, or a reader of the file) ends a line.
+_LINE_BREAKS = re.compile('\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]')
+
+
+def single_line(text: str) -> str:
+  """`text` with every line break (\\n, \\r, \\u2028 and the others `str.splitlines` splits at) replaced by a space:
+  a hypothesis is written as one line, whatever its pieces decode to (byte pieces can decode to any of them), so
+  that line i of an output file stays the translation of input line i."""
+  return _LINE_BREAKS.sub(' ', text)
+
+
 def _write_hypotheses(output_dir: str, split: str, target_lang: str, hypotheses: list[str]) -> epath.Path:
   path = epath.Path(workdir_lib.path(output_dir, workdir_lib.hypotheses_file(split, target_lang)))
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
+    path.write_text(''.join(single_line(h) + '\n' for h in hypotheses), encoding='utf-8')
   return path
 
 
@@ -276,32 +305,38 @@ def _write_final_metrics(checkpoint_selection: str, output_dir: str, results: di
         json.dumps(record, indent=2, sort_keys=True))
 
 
-def new_evaluation_dir(workdir: str) -> str:
-  """`<workdir>/evaluations/<YYYYmmdd-HHMMSS>[-<n>]`, a name no earlier evaluation has used (not created)."""
-  stem = workdir_lib.path(workdir, f'{workdir_lib.EVALUATIONS}/{time.strftime("%Y%m%d-%H%M%S")}')
-  name, n = stem, 0
-  while epath.Path(name).exists():
-    n += 1
-    name = f'{stem}-{n}'
-  return name
+def new_evaluation_dir(workdir: str, output: str | None = None) -> str:
+  """The folder an evaluation writes into, created now (`workdir.make_output_dir`): `output` (--output), else a new
+  `<workdir>/evaluations/<YYYYmmdd-HHMMSS>[-<n>]`.
+
+  Raises:
+    errors.PathError: naming the folder, when it cannot be created.
+  """
+  return workdir_lib.make_output_dir(output, workdir, time.strftime('%Y%m%d-%H%M%S'))
 
 
-def evaluate_checkpoint(config, workdir: str) -> dict[str, float]:
+def evaluate_checkpoint(config, workdir: str, output_dir: str | None = None) -> dict[str, float]:
   """--mode=evaluate: validation metrics and test BLEU of the checkpoints eval.checkpoint_selection chooses.
 
-  The outputs go to a new folder, `<workdir>/evaluations/<YYYYmmdd-HHMMSS>/` (hypotheses, final_metrics.json):
-  the training run's own final evaluation in the workdir is never overwritten.
+  The outputs (hypotheses, final_metrics.json) go to `output_dir` (--output) when given, and the run folder is then
+  only read (it may be read-only); else to a new folder, `<workdir>/evaluations/<YYYYmmdd-HHMMSS>/`, under the run's
+  lock. The training run's own final evaluation in the workdir is never overwritten.
 
   Returns:
     The figures of `final_evaluation`.
 
   Raises:
-    FileNotFoundError, ValueError: from `experiment.setup` (a missing file, a config the run disagrees with).
+    errors.UserError: from `experiment.setup` (a missing file, a config the run disagrees with, a run folder in use
+      or not writable) or `new_evaluation_dir`, before anything is evaluated.
   """
   data_cfg = config.data
   setup = experiment.setup(config, workdir, data_splits=(data_cfg.eval_split,) + (
-      (data_cfg.test_split,) if config.train.translate_at_end else ()), lock='evaluate')
-  output_dir = new_evaluation_dir(workdir)
+      (data_cfg.test_split,) if config.train.translate_at_end else ()), lock=None if output_dir else 'evaluate')
+  try:
+    output_dir = new_evaluation_dir(workdir, output_dir)
+  except BaseException:
+    setup.close()
+    raise
   try:
     eval_split = input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.eval_split)
     eval_fn = jit_eval_step(setup, sharding.shardings_of(setup.abstract_state().params), config.train.label_smoothing)
@@ -319,11 +354,14 @@ def translate_file(config, workdir: str, input_path: str | None, output_path: st
 
   Raises:
     errors.MissingFileError: for a missing input file (read before the model is loaded).
+    errors.PathError: for an --output that cannot be written (checked before the model is loaded).
     errors.UserError: from `experiment.setup`.
   """
   # Lines end at '\n' only: str.splitlines would also split at Unicode separators inside a sentence.
   if input_path and not epath.Path(input_path).is_file():
     raise errors.MissingFileError(f'--input={input_path} does not exist')
+  if output_path:
+    workdir_lib.check_output_file(output_path)  # Before the model is loaded and every line decoded.
   if input_path:
     lines = multi30k.read_lines(input_path)
   else:
@@ -339,7 +377,7 @@ def translate_file(config, workdir: str, input_path: str | None, output_path: st
   with setup.mesh_context():
     hypotheses = translate_ids(config, setup, params, input_pipeline.encode(setup.tokenizer, lines))
   seconds = time.perf_counter() - start
-  hypotheses = [h if line.strip() else '' for line, h in zip(lines, hypotheses)]
+  hypotheses = [single_line(h) if line.strip() else '' for line, h in zip(lines, hypotheses)]
   text = ''.join(h + '\n' for h in hypotheses)
   if output_path:
     epath.Path(output_path).write_text(text, encoding='utf-8')

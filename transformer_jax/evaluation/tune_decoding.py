@@ -97,7 +97,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Sequence[float],
-                  windows: Sequence[Window] = ()) -> dict[str, Any]:
+                  windows: Sequence[Window] = (), output_dir: str | None = None) -> dict[str, Any]:
   """--mode=tune_decoding: validation BLEU for every beam size and alpha (see the module docstring).
 
   Args:
@@ -108,6 +108,8 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
     alphas: length penalty exponents to try (`decoding.beam.length_penalty`).
     windows: checkpoint windows to average, each decoded with the whole grid; empty: the parameters
       eval.checkpoint_selection chooses.
+    output_dir: the folder for the sweep's record (--output); None: a new `<workdir>/evaluations/<time>/`. Made
+      before anything is decoded; the run folder is otherwise only read.
 
   Returns:
     {'split', 'checkpoint_selection', 'checkpoint_steps', 'rows', 'best'}: rows in grid order (windows, then
@@ -118,12 +120,15 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
   Raises:
     errors.ConfigError: from `check_grid` (before anything is read), for a window the run's checkpoints cannot
       fill (before anything is decoded), or from `experiment.setup`.
+    errors.PathError: when the output folder cannot be created (before anything is decoded).
     FileNotFoundError: from `experiment.setup` or `evaluate.load_params`.
   """
   check_grid(beam_sizes, alphas)
   split_name = config.data.eval_split
   setup = experiment.setup(config, workdir, data_splits=(split_name,))
   try:
+    if jax.process_index() == 0:
+      output_dir = epath.Path(evaluate.new_evaluation_dir(workdir, output_dir))
     kept = setup.checkpoints.all_steps()
     chosen = [(str(w), w.steps(kept)) for w in windows] or [(None, None)]
     split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
@@ -149,8 +154,6 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
   result = {'split': split_name, 'checkpoint_selection': config.eval.checkpoint_selection,
             'checkpoint_steps': best['checkpoint_steps'], 'rows': rows, 'best': best}
   if jax.process_index() == 0:
-    output_dir = epath.Path(evaluate.new_evaluation_dir(workdir))
-    output_dir.mkdir(parents=True)
     (output_dir / SWEEP_FILE).write_text(json.dumps(result, indent=2))
     print(f'{split_name} BLEU' + (f' of checkpoint steps {best["checkpoint_steps"]} '
                                   f'({config.eval.checkpoint_selection})' if not windows else '') + ':')

@@ -64,13 +64,22 @@ def verify_checksums(step_dir: str | os.PathLike[str]) -> bool:
   """Checks a step's files against its `sha256.json`; False when it has none (saved before the record existed).
 
   Raises:
-    ChecksumError: naming the first file that differs, is missing or was added.
+    ChecksumError: naming the first file that differs, is missing or was added, or naming `sha256.json` itself
+      when it is damaged.
   """
   step_dir = epath.Path(step_dir)
   record = step_dir / CHECKSUMS
   if not record.exists():
     return False
-  expected, actual = json.loads(record.read_text()), _file_digests(step_dir)
+  try:
+    expected = json.loads(record.read_text())
+  except ValueError as e:  # Cut short, or not UTF-8.
+    raise ChecksumError(f'{record} is damaged (not valid JSON: {e}): checkpoint step {step_dir.name} cannot be '
+                        'checked.') from None
+  if not isinstance(expected, dict) or not all(isinstance(v, str) for v in expected.values()):
+    raise ChecksumError(f'{record} is damaged (not a {{file: SHA-256}} object): checkpoint step {step_dir.name} '
+                        'cannot be checked.')
+  actual = _file_digests(step_dir)
   for name in sorted(set(expected) | set(actual)):
     if expected.get(name) != actual.get(name):
       what = ('is missing' if name not in actual else 'was not in the checkpoint when it was saved'

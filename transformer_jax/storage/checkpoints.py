@@ -121,12 +121,18 @@ class CheckpointManager:
     # The same naming orbax uses by default (`<step>`, committed steps only); kept here so that the
     # fingerprint can be read before the orbax manager creates anything on disk.
     self._name_format = ocp.step.standard_name_format()
+    self._read_only = read_only
+    # The SHA-256 of the run's vocabulary (`fingerprint.vocabulary_sha256`), stored with every save and compared
+    # with the one stored in a checkpoint before it is restored; None: neither.
+    self.vocabulary_sha256: str | None = None
     self._fingerprint = None if fingerprint is None else checkpoint_checks.to_json(fingerprint, 'fingerprint')
     if fingerprint is not None:
       self.check_compatible(fingerprint)
     if read_only:  # Restores only: creates nothing and never cleans up a save in progress.
       self._manager = ocp.CheckpointManager(self._directory, options=ocp.CheckpointManagerOptions(
           read_only=True, create=False, cleanup_tmp_directories=False,
+          # Lists the step folders without reading each one's metadata, which a trainer may delete meanwhile.
+          lightweight_initialize=True,
           step_name_format=self._name_format, enable_async_checkpointing=False))
       return
     self._manager = ocp.CheckpointManager(
@@ -224,10 +230,13 @@ class CheckpointManager:
       overwrites a step). Calling `save` every step is therefore cheap and correct.
 
     Raises:
+      RuntimeError: if the manager was opened read-only.
       ValueError: if `data_state` is not JSON-serialisable.
       CheckpointSaveError: if an earlier save has failed in the background (checked without blocking
         at every call, and by waiting for it before a save that is due), or this save fails to start.
     """
+    if self._read_only:
+      raise RuntimeError(f'The checkpoints in {self._directory} were opened read-only: not saving step {step}.')
     data_state = checkpoint_checks.to_json(data_state, 'data_state')
     self._raise_if_failed(wait=force or step % self._save_interval_steps == 0)
     if step in self._manager.all_steps():
@@ -241,7 +250,9 @@ class CheckpointManager:
           args=ocp.args.Composite(**{
               _STATE: ocp.args.StandardSave(state),
               _DATA_STATE: ocp.args.JsonSave(data_state),
-              _METADATA: ocp.args.JsonSave({'fingerprint': self._fingerprint}),
+              _METADATA: ocp.args.JsonSave({'fingerprint': self._fingerprint, 'step': int(step)}
+                                           | ({'vocabulary_sha256': self.vocabulary_sha256}
+                                              if self.vocabulary_sha256 else {})),
           }),
           metrics=None if metrics is None else {k: float(v) for k, v in metrics.items()},
           force=force)
@@ -322,6 +333,11 @@ class CheckpointManager:
   def __exit__(self, *exc_info) -> None:
     self.close()
 
+  def reload(self) -> list[int]:
+    """Lists the committed steps again (a trainer beside a reader adds and deletes them); returns them, ascending."""
+    self._manager.reload()
+    return self.all_steps()
+
   def latest_step(self) -> int | None:
     """The newest committed step, or None. It may still be unreadable: see `restore_latest`."""
     return self._manager.latest_step()
@@ -348,17 +364,53 @@ class CheckpointManager:
       ValueError: if `step` is not a committed step or a leaf has no sharding. Errors from orbax
         (a damaged checkpoint, a structure or shape mismatch) propagate.
       ChecksumError: if a file differs from the checksums recorded when the step was saved.
+      errors.DamagedFileError: for a step folder that holds another step (renamed), or a damaged record.
+      errors.ConfigError: for a checkpoint trained with another vocabulary than `vocabulary_sha256`.
     """
     self._check_step(step)
     checkpoint_checks.require_shardings(abstract_state, 'abstract_state')
     checkpoint_checks.verify_checksums(self._step_path(step))
+    self._check_identity(step)
     restored = self._manager.restore(
         step,
         args=ocp.args.Composite(**{
             _STATE: ocp.args.StandardRestore(abstract_state),
             _DATA_STATE: ocp.args.JsonRestore(),
         }))
+    saved_step = getattr(restored[_STATE], 'step', None)
+    if saved_step is not None and int(jax.device_get(saved_step)) != step:
+      raise errors.DamagedFileError(
+          f'{self._step_path(step)} holds the training state of step {int(jax.device_get(saved_step))}, not of step '
+          f'{step}: the folder was renamed or copied in. Move it away (or name it after its step) and rerun.')
     return restored[_STATE], restored[_DATA_STATE]
+
+  def _check_identity(self, step: int) -> None:
+    """The step and vocabulary recorded in checkpoint `step`'s metadata (where it has them) are this folder's
+    name and this run's vocabulary.
+
+    Raises:
+      errors.DamagedFileError: naming the folder, for a step folder renamed or copied in under another step.
+      errors.ConfigError: naming the folder and both hashes, for a checkpoint of a run with another vocabulary.
+    """
+    path = os.path.join(self._step_path(step), _METADATA)
+    try:
+      with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+        metadata = checkpointer.restore(path, args=ocp.args.JsonRestore())
+    except Exception as e:  # pylint: disable=broad-except
+      raise errors.DamagedFileError(f'{path} cannot be read ({type(e).__name__}: {e}).') from None
+    if not isinstance(metadata, dict):
+      raise errors.DamagedFileError(f'{path} does not hold a JSON object: the checkpoint is damaged.')
+    saved_step = metadata.get('step')
+    if saved_step is not None and saved_step != step:
+      raise errors.DamagedFileError(
+          f'{self._step_path(step)} holds checkpoint step {saved_step!r}, not step {step}: the folder was renamed or '
+          'copied in. Move it away (or name it after its step) and rerun.')
+    saved_vocabulary = metadata.get('vocabulary_sha256')
+    if saved_vocabulary and self.vocabulary_sha256 and saved_vocabulary != self.vocabulary_sha256:
+      raise errors.ConfigError(
+          f'{self._step_path(step)} was trained with the vocabulary of SHA-256 {saved_vocabulary}, but this run\'s '
+          f'is {self.vocabulary_sha256}: the checkpoint comes from another run, and its embeddings index other '
+          'pieces. Move it out of the run folder.')
 
   def restore_latest(self, abstract_state: PyTree) -> Restored | None:
     """Restores the newest checkpoint that can be read completely.
@@ -379,7 +431,8 @@ class CheckpointManager:
       ValueError: if checkpoints exist but none can be restored. Failing every step is more
         likely a mismatch between `abstract_state` and the saved state than damage to all of
         them, and training from scratch in a workdir with newer steps would never save again.
-      errors.ConfigError: if the processes list different steps (the workdir is not shared storage).
+      errors.ConfigError: if the processes list different steps (the workdir is not shared storage), or from
+        `restore` for a checkpoint of another vocabulary.
     """
     checkpoint_checks.require_shardings(abstract_state, 'abstract_state')
     steps = self.all_steps()
@@ -389,6 +442,8 @@ class CheckpointManager:
       try:
         state, data_state = self.restore(step, abstract_state)
         error = None
+      except errors.ConfigError:
+        raise  # Another run's checkpoint, not damage: the previous step would hide it.
       except Exception as e:  # pylint: disable=broad-except
         error = f'{type(e).__name__}: {e}'
       if not checkpoint_checks.all_processes(error is None):
@@ -414,8 +469,11 @@ class CheckpointManager:
       The steps moved, ascending.
 
     Raises:
+      RuntimeError: if the manager was opened read-only.
       errors.RunFolderError: if a newer step is still listed afterwards.
     """
+    if self._read_only:
+      raise RuntimeError(f'The checkpoints in {self._directory} were opened read-only: not moving any.')
     newer = [s for s in self.all_steps() if s > step]
     self._manager.wait_until_finished()
     if jax.process_index() == 0 and newer:
@@ -451,10 +509,12 @@ class CheckpointManager:
       ValueError: if `step` is not a committed step, a leaf has no sharding, or the checkpoint
         lacks a leaf of `abstract_subtree`.
       ChecksumError: if a file differs from the checksums recorded when the step was saved.
+      errors.DamagedFileError, errors.ConfigError: as `restore`.
     """
     self._check_step(step)
     checkpoint_checks.require_shardings(abstract_subtree, 'abstract_subtree')
     checkpoint_checks.verify_checksums(self._step_path(step))
+    self._check_identity(step)
     item = {subtree: abstract_subtree}
     # StandardRestore cannot restore part of a tree, and the composite manager binds the `state`
     # item to the handler it first saw; a separate PyTree checkpointer reads the same files.

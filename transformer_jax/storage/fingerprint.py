@@ -10,6 +10,7 @@ than the one the run trained with (`vocabulary.sha256`, written by `record_vocab
 """
 import dataclasses
 import hashlib
+import re
 
 from etils import epath
 import jax
@@ -33,9 +34,14 @@ def check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointMa
     errors.MissingFileError: naming the missing file and the checkpoint step, when checkpoints exist without it.
     errors.ConfigError: naming the file and both hashes, when it differs from the one the run recorded
       (`vocabulary.sha256`, written by `record_vocabulary_hash`).
+    errors.DamagedFileError: naming `vocabulary.sha256`, when it does not hold a SHA-256.
   """
   vocabulary, recorded = _vocabulary_paths(config, workdir)
-  expected = recorded.read_text().strip() if recorded.exists() else None
+  expected = recorded.read_bytes().decode('utf-8', 'replace').strip() if recorded.exists() else None
+  if expected is not None and not re.fullmatch('[0-9a-f]{64}', expected):
+    raise errors.DamagedFileError(
+        f'{recorded} is damaged (it holds {expected[:80]!r}, not a SHA-256): restore it, or delete it if '
+        f'{vocabulary} is the vocabulary this run trained with (it is recorded again at the next training start).')
   if not vocabulary.exists():
     latest = manager.latest_step()
     if latest is not None:
@@ -52,6 +58,12 @@ def check_vocabulary(config, workdir: str, manager: checkpoints_lib.CheckpointMa
         'file, or train in another --workdir.')
 
 
+def vocabulary_sha256(config, workdir: str) -> str | None:
+  """The SHA-256 of the run's vocabulary file (None when there is none yet)."""
+  vocabulary, _ = _vocabulary_paths(config, workdir)
+  return hashlib.sha256(vocabulary.read_bytes()).hexdigest() if vocabulary.exists() else None
+
+
 def record_vocabulary_hash(config, workdir: str) -> None:
   """Writes `vocabulary.sha256` when the run has none (a new run, or one older than the record)."""
   vocabulary, recorded = _vocabulary_paths(config, workdir)
@@ -59,9 +71,10 @@ def record_vocabulary_hash(config, workdir: str) -> None:
     recorded.write_text(hashlib.sha256(vocabulary.read_bytes()).hexdigest() + '\n')
 
 
-def open_checkpoints(config, workdir: str,
-                     model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
-  """The checkpoint manager of `workdir`.
+def open_checkpoints(config, workdir: str, model_cfg: model_lib.ModelConfig,
+                     read_only: bool = False) -> checkpoints_lib.CheckpointManager:
+  """The checkpoint manager of `workdir`; with `read_only`, one that only restores (for the modes that read a run:
+  it creates, deletes and renames nothing, and leaves a trainer's save in progress alone).
 
   The fingerprint stored with every checkpoint is what a run must agree with to resume or evaluate it: the
   architecture (not the compute or attention-product dtype, attention implementation or rematerialisation,
@@ -72,12 +85,14 @@ def open_checkpoints(config, workdir: str,
   """
   return checkpoints_lib.CheckpointManager(
       workdir, max_to_keep=config.train.max_checkpoints_to_keep,
-      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=_fingerprint(config, model_cfg))
+      save_interval_steps=config.train.checkpoint_every_steps, fingerprint=_fingerprint(config, model_cfg),
+      read_only=read_only)
 
 
-def open_best_checkpoints(config, workdir: str,
-                          model_cfg: model_lib.ModelConfig) -> checkpoints_lib.CheckpointManager:
-  """`<workdir>/best_checkpoints`: the eval.average_best_n checkpoints with the highest validation BLEU.
+def open_best_checkpoints(config, workdir: str, model_cfg: model_lib.ModelConfig,
+                          read_only: bool = False) -> checkpoints_lib.CheckpointManager:
+  """`<workdir>/best_checkpoints`: the eval.average_best_n checkpoints with the highest validation BLEU
+  (`read_only`: as in `open_checkpoints`).
 
   Each holds {'params': ...} only (no optimiser state) and the metric `bleu` it was chosen by.
 
@@ -86,7 +101,19 @@ def open_best_checkpoints(config, workdir: str,
   """
   return checkpoints_lib.CheckpointManager(
       workdir, max_to_keep=config.eval.average_best_n, fingerprint=_fingerprint(config, model_cfg),
-      subdir=workdir_lib.BEST_CHECKPOINTS, best_metric='bleu')
+      subdir=workdir_lib.BEST_CHECKPOINTS, best_metric='bleu', read_only=read_only)
+
+
+def require_vocabulary(config, workdir: str) -> None:
+  """For the modes that read a run: its vocabulary must exist (they never train one into the run folder).
+
+  Raises:
+    errors.MissingFileError: naming the file.
+  """
+  vocabulary, _ = _vocabulary_paths(config, workdir)
+  if not vocabulary.exists():
+    raise errors.MissingFileError(f'{vocabulary} does not exist: {workdir} holds no trained run of '
+                                  f'data.vocab_size={config.data.vocab_size} (train it first).')
 
 
 # ModelConfig fields added after checkpoints existed: left out of the fingerprint at their defaults, so that

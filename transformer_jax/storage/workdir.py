@@ -62,6 +62,52 @@ def hypotheses_file(split: str, target_lang: str) -> str:
   return f'{split}.hyp.{target_lang}'
 
 
+def read_json(file: str | os.PathLike[str], kind: type, remedy: str) -> object:
+  """The JSON value in `file`, a run folder's bookkeeping file, which must be of type `kind` (dict or list).
+
+  Raises:
+    errors.DamagedFileError: naming the file, when it cannot be read, is not valid JSON (cut short) or holds
+      another kind of value; the message ends with `remedy`.
+  """
+  try:
+    value = json.loads(epath.Path(file).read_text(encoding='utf-8'))
+  except UnicodeDecodeError as e:
+    raise errors.DamagedFileError(f'{file} is damaged (not UTF-8: {e.reason}); {remedy}') from None
+  except ValueError as e:
+    raise errors.DamagedFileError(f'{file} is damaged (not valid JSON: {e}); {remedy}') from None
+  except IsADirectoryError:
+    raise errors.DamagedFileError(f'{file} is a directory, not a file; {remedy}') from None
+  if not isinstance(value, kind):
+    raise errors.DamagedFileError(f'{file} is damaged (it holds a JSON {type(value).__name__}, not a '
+                                  f'{"JSON object" if kind is dict else "JSON list"}); {remedy}')
+  return value
+
+
+def _config_changes(workdir: str | os.PathLike[str], config_keys: dict | None = None) -> list:
+  """`config_changes.json`'s entries, each checked: {'from_step': int, 'changes': {'<section>.<field>': [old,
+  new]}, ...}, with every key a field of the run's config where `config_keys` (config_leaves of it) is given.
+
+  Raises:
+    errors.DamagedFileError: naming the file and the entry, for anything else.
+  """
+  changes_path = path(workdir, CONFIG_CHANGES)
+  if not epath.Path(changes_path).exists():
+    return []
+  remedy = 'restore it from a copy, or remove the damaged entry.'
+  history = read_json(changes_path, list, remedy)
+  for i, entry in enumerate(history):
+    where = f'{changes_path} is damaged (entry {i + 1}'
+    if not isinstance(entry, dict) or not isinstance(entry.get('changes'), dict):
+      raise errors.DamagedFileError(f'{where} has no "changes" object); {remedy}')
+    for key, change in entry['changes'].items():
+      if not isinstance(change, list) or len(change) != 2:
+        raise errors.DamagedFileError(f'{where}: {key!r} is not an [old, new] pair); {remedy}')
+      section, _, name = key.partition('.')
+      if not name or config_keys is not None and key not in config_keys:
+        raise errors.DamagedFileError(f'{where}: {key!r} is not a <section>.<field> of the config); {remedy}')
+  return history
+
+
 def save_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str]) -> str:
   """Writes `<workdir>/config.json` (sorted keys) by writing a temporary file and renaming it; returns its path.
 
@@ -137,7 +183,7 @@ def record_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike[
   changes = {key: [before.get(key), value] for key, value in after.items() if before.get(key) != value}
   if changes:
     changes_path = epath.Path(path(workdir, CONFIG_CHANGES))
-    history = json.loads(changes_path.read_text(encoding='utf-8')) if changes_path.exists() else []
+    history = _config_changes(workdir)
     history.append({'from_step': step + 1, 'time': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
                     'changes': changes})
     _write_atomically(changes_path, json.dumps(history, indent=2, sort_keys=True))
@@ -152,20 +198,15 @@ def load_run_config(workdir: str | os.PathLike[str]) -> ml_collections.ConfigDic
 
   Raises:
     errors.MissingFileError: if `<workdir>/config.json` does not exist.
-    errors.DamagedFileError: naming the file, if config.json or config_changes.json is not valid JSON.
+    errors.DamagedFileError: naming the file, if config.json or config_changes.json is not valid JSON, or holds
+      something other than a config (an entry of changes that is not {'<section>.<field>': [old, new]}, a key
+      that is not a field of the config).
   """
   stored = with_defaults(load_config(path(workdir, CONFIG)))
-  changes_path = epath.Path(path(workdir, CONFIG_CHANGES))
-  if changes_path.exists():
-    try:
-      history = json.loads(changes_path.read_text(encoding='utf-8'))
-    except ValueError as e:
-      raise errors.DamagedFileError(
-          f'{changes_path} is not valid JSON ({e}); restore it or remove its last entry.') from None
-    for entry in history:
-      for key, (_, value) in entry['changes'].items():
-        section, name = key.split('.', 1)
-        stored[section][name] = value
+  for entry in _config_changes(workdir, config_leaves(stored)):
+    for key, (_, value) in entry['changes'].items():
+      section, name = key.split('.', 1)
+      stored[section][name] = value
   return stored
 
 
@@ -191,11 +232,11 @@ def load_config(config: ml_collections.ConfigDict | str | os.PathLike[str]) -> m
   if not epath.Path(file).is_file():
     raise errors.MissingFileError(f'no config file {file!r} (give a ConfigDict, configs/<name>.py or a config.json)')
   if file.endswith('.json'):
-    try:
-      return ml_collections.ConfigDict(json.loads(epath.Path(file).read_text(encoding='utf-8')))
-    except ValueError as e:
-      raise errors.DamagedFileError(f'{file} is not valid JSON ({e}): the file is damaged (restore it from a copy, or '
-                                    'train in a new --workdir).') from None
+    value = read_json(file, dict, 'restore it from a copy, or train in a new --workdir.')
+    if not all(isinstance(section, dict) for section in value.values()):
+      raise errors.DamagedFileError(f'{file} is damaged (not every config section is a JSON object); restore it '
+                                    'from a copy, or train in a new --workdir.')
+    return ml_collections.ConfigDict(value)
   root = str(pathlib.Path(file).resolve().parents[1])
   if root not in sys.path:
     sys.path.insert(0, root)
@@ -237,68 +278,174 @@ def with_defaults(stored: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return stored
 
 
+def make_output_dir(output: str | None, workdir: str | os.PathLike[str], stamp: str) -> str:
+  """Creates and returns the folder an evaluation writes into, before any work starts: `output` (--output, which
+  must not exist or be an empty folder), else a new `<workdir>/evaluations/<stamp>[-<n>]` (created exclusively, so
+  that two evaluations never share one).
+
+  Raises:
+    errors.PathError: naming the folder and the flag, when it cannot be created (a read-only run folder: pass
+      --output=DIR), or --output names a file or a non-empty folder.
+  """
+  if output:
+    target = epath.Path(output)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+      raise errors.PathError(f'--output={output} exists and is not an empty folder: choose a new one.')
+    try:
+      target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise errors.PathError(f'--output={output} cannot be created ({e.strerror or e}).') from None
+    return os.fspath(output)
+  stem = path(workdir, f'{EVALUATIONS}/{stamp}')
+  for n in range(1000):
+    name = stem if n == 0 else f'{stem}-{n}'
+    try:
+      epath.Path(name).parent.mkdir(parents=True, exist_ok=True)
+      epath.Path(name).mkdir(exist_ok=False)
+      return name
+    except FileExistsError:
+      continue
+    except OSError as e:
+      raise errors.PathError(f'{name} cannot be created ({e.strerror or e}): the run folder is not writable; pass '
+                             '--output=DIR to write the evaluation elsewhere.') from None
+  raise errors.PathError(f'{stem}-* are all taken: pass --output=DIR.')
+
+
+def check_report_folder(workdir: str, name: str) -> None:
+  """Makes sure, before any long work, that `<workdir>/<name>` can be written: creates the workdir if missing.
+
+  Raises:
+    errors.PathError: naming --workdir, when it is a file, or under one, or cannot be created, or `name` in it
+      is a folder.
+  """
+  if '://' in workdir:
+    return
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.PathError(f'--workdir={workdir} is a file, not a folder: give a folder for {name}.')
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise errors.PathError(f'--workdir={workdir} cannot be created ({e.strerror or e}).') from None
+  if os.path.isdir(path(workdir, name)):
+    raise errors.PathError(f'{path(workdir, name)} is a folder: --workdir={workdir} cannot receive {name}.')
+  if not os.access(workdir, os.W_OK):
+    raise errors.PathError(f'--workdir={workdir} is not writable.')
+
+
+def check_output_file(output: str) -> None:
+  """Checks before any work starts that a file can be written at `output` (--output of --mode=translate): not a
+  folder, in a folder that exists and can be written; an existing file must be writable. Writes nothing.
+
+  Raises:
+    errors.PathError: naming --output and what is wrong.
+  """
+  target = pathlib.Path(output)
+  if target.is_dir():
+    raise errors.PathError(f'--output={output} is a folder: give the path of the file to write.')
+  parent = target.parent
+  if not parent.is_dir():
+    raise errors.PathError(f'--output={output}: the folder {parent} does not exist.')
+  if target.exists() and not os.access(target, os.W_OK) or not target.exists() and not os.access(parent, os.W_OK):
+    raise errors.PathError(f'--output={output} cannot be written (permissions).')
+
+
 class WorkdirInUseError(errors.RunFolderError):
   """Another process holds the run folder's `run.lock`."""
 
 
 class RunLock:
-  """One writer per run folder: `<workdir>/run.lock`, created exclusively, holding the holder's host, pid,
-  start time and command.
+  """One writer per run folder: an exclusive `fcntl.flock` on `<workdir>/run.lock`, a file that stays, holding
+  the holder's host, pid, start time and command while it is held (emptied on release).
 
-  A second train or evaluate on the folder stops at once with `WorkdirInUseError` naming the holder. A lock
-  left by a process that no longer runs on this host (killed with -9, a crashed machine's reboot) is taken
-  over with a warning; a holder on another host cannot be checked from here, so the error says how to
-  remove its lock. Folders that are not local paths (gs://...) are not locked: the caller logs that.
-  Use as a context manager, or `acquire()` and `release()` (release on every exit path).
+  The kernel grants the lock to one process at a time and drops it when its holder exits however it ends
+  (`kill -9` included), so taking over a dead holder's lock is the same atomic step as taking a free one: of
+  any number of processes racing for it, exactly one holds it. A second train or evaluate on the folder stops
+  at once with `WorkdirInUseError` naming the holder. A record left by a process on another host (a shared
+  folder whose file system may not pass locks between hosts) is not taken over: the error says how to remove
+  it. Whatever the file holds (another program's text, binary garbage, a directory in its place), the outcome
+  is this one lock or one `errors.UserError` line naming the file. Folders that are not local paths (gs://...)
+  are not locked: the caller logs that. Use as a context manager, or `acquire()` and `release()` (release on
+  every exit path).
   """
 
   def __init__(self, workdir: str | os.PathLike[str], purpose: str):
     self.file = path(workdir, LOCK)
     self.purpose = purpose
     self.held = False
+    self._fd: int | None = None
 
   @staticmethod
   def supported(workdir: str | os.PathLike[str]) -> bool:
-    """Whether the folder is a local path (an exclusive create is only atomic there)."""
+    """Whether the folder is a local path (where the kernel's file locks work)."""
     return '://' not in os.fspath(workdir)
 
   def acquire(self) -> 'RunLock':
-    """Creates the lock, taking over a stale one.
+    """Takes the lock (a free one, or one whose holder on this host has died), and writes this process's record.
 
     Raises:
       WorkdirInUseError: naming the holder (host, pid, start time, command) and what to do.
+      errors.PathError: naming the file, when run.lock cannot be opened or locked (a directory in its place,
+        no permission, a file system without locks).
     """
+    import fcntl  # pylint: disable=g-import-not-at-top  (POSIX only; the package's lock is POSIX-only too)
     record = {'host': socket.gethostname(), 'pid': os.getpid(), 'purpose': self.purpose,
               'started': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
               'command': ' '.join(sys.argv)}
-    for _ in range(2):
+    for _ in range(3):
       try:
-        fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        holder = self._holder()
-        if not self._stale(holder):
-          raise WorkdirInUseError(self._in_use_message(holder)) from None
+        fd = os.open(self.file, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o644)
+      except IsADirectoryError:
+        raise errors.PathError(f'{self.file} is a directory, not the run\'s lock file: remove it (rmdir) and '
+                               'rerun.') from None
+      except OSError as e:
+        raise errors.PathError(f'{self.file} cannot be opened as the run\'s lock file ({e.strerror}).') from None
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        holder = _parse_lock_record(_read_lock(fd))
+        os.close(fd)
+        raise WorkdirInUseError(self._in_use_message(holder)) from None
+      except OSError as e:
+        os.close(fd)
+        raise errors.PathError(f'{self.file} cannot be locked ({e.strerror}): this file system does not support '
+                               'file locks; use a local --workdir.') from None
+      try:
+        same = os.fstat(fd).st_ino == os.stat(self.file).st_ino
+      except FileNotFoundError:
+        same = False
+      if not same:  # Deleted or replaced between the open and the lock: lock the file now at that path.
+        os.close(fd)
+        continue
+      text = _read_lock(fd)
+      holder = _parse_lock_record(text)
+      if holder.get('host') not in (None, record['host']):
+        os.close(fd)  # Releases the flock; the other host's record stays.
+        raise WorkdirInUseError(self._in_use_message(holder))
+      if holder:
         logging.warning('Taking over %s, left by process %s on %s (%s), which no longer runs.', self.file,
                         holder.get('pid'), holder.get('host'), holder.get('started'))
-        try:
-          os.unlink(self.file)
-        except FileNotFoundError:
-          pass  # Another process took it over first: the exclusive create decides.
-        continue
-      with os.fdopen(fd, 'w', encoding='utf-8') as f:
-        json.dump(record, f)
-      self.held = True
+      elif text.strip():
+        logging.warning('Taking over %s, which holds no lock record (%d bytes of something else); no process '
+                        'holds it.', self.file, len(text))
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, json.dumps(record).encode('utf-8'), 0)
+      os.fsync(fd)
+      self._fd, self.held = fd, True
       return self
-    raise WorkdirInUseError(self._in_use_message(self._holder()))
+    raise WorkdirInUseError(f'{self.file} was replaced three times while being locked: another program is '
+                            'deleting it; stop it and rerun.')
 
   def release(self) -> None:
-    """Removes the lock if this object holds it."""
+    """Empties the lock file and releases the lock, if this object holds it. The file stays (deleting it would
+    let a later process lock a new file while an earlier one still holds the old)."""
     if self.held:
       self.held = False
+      fd, self._fd = self._fd, None
       try:
-        os.unlink(self.file)
-      except FileNotFoundError:
+        os.ftruncate(fd, 0)
+      except OSError:
         pass
+      os.close(fd)  # Releases the flock.
 
   def __enter__(self) -> 'RunLock':
     return self.acquire()
@@ -306,33 +453,44 @@ class RunLock:
   def __exit__(self, *exc_info) -> None:
     self.release()
 
-  def _holder(self) -> dict:
+  def holder(self) -> dict:
+    """The record in the lock file now ({} when empty or not a lock record), without locking."""
     try:
-      with open(self.file, encoding='utf-8') as f:
-        return json.load(f)
-    except (OSError, ValueError):
+      with open(self.file, 'rb') as f:
+        return _parse_lock_record(f.read(65536).decode('utf-8', 'replace'))
+    except OSError:
       return {}
-
-  def _stale(self, holder: dict) -> bool:
-    """A holder that no longer runs on this host; an unreadable lock older than 10 s (its writer died)."""
-    if not holder:
-      try:
-        return datetime.datetime.now().timestamp() - os.path.getmtime(self.file) > 10.0
-      except FileNotFoundError:
-        return True
-    if holder.get('host') != socket.gethostname():
-      return False
-    try:
-      os.kill(int(holder['pid']), 0)
-    except ProcessLookupError:
-      return True
-    except (PermissionError, KeyError, ValueError, TypeError):
-      return False
-    return False
 
   def _in_use_message(self, holder: dict) -> str:
     who = (f"process {holder.get('pid')} on {holder.get('host')}, {holder.get('purpose', 'a run')} since "
-           f"{holder.get('started')} ({holder.get('command')})" if holder else 'a process that left no record')
+           f"{holder.get('started')} ({holder.get('command')})" if holder
+           else 'a process that has not written its record yet')
+    other_host = holder.get('host') not in (None, socket.gethostname())
     return (f'{os.path.dirname(self.file)} is in use by {who}: one process writes a run folder at a time. '
-            f'Wait for it to finish, stop it, or use another --workdir; if that process no longer runs, delete '
-            f'{self.file}.')
+            f'Wait for it to finish, stop it, or use another --workdir'
+            + (f'; if that process no longer runs, delete {self.file}.' if other_host else '.'))
+
+
+def _read_lock(fd: int) -> str:
+  """The lock file's text (at most 64 KiB; undecodable bytes replaced)."""
+  try:
+    return os.pread(fd, 65536, 0).decode('utf-8', 'replace')
+  except OSError:
+    return ''
+
+
+def _parse_lock_record(text: str) -> dict:
+  """A lock record's fields, each of its expected type ({} for anything else: empty, not JSON, not an object,
+  no host, a pid that is not a process id)."""
+  try:
+    value = json.loads(text)
+  except ValueError:
+    return {}
+  if not isinstance(value, dict) or not isinstance(value.get('host'), str):
+    return {}
+  pid = value.get('pid')
+  record = {key: str(value[key])[:200] for key in ('host', 'purpose', 'started', 'command')
+            if isinstance(value.get(key), (str, int, float))}
+  if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**31:
+    record['pid'] = pid
+  return record

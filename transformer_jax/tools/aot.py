@@ -274,9 +274,12 @@ def compile_only(config, workdir: str | None) -> dict[str, Any]:
     The figures of `compile_for_slice` or `compile_train_step`.
 
   Raises:
+    errors.PathError: naming --workdir, before compiling, when compile.json cannot be written there.
     memory.DoesNotFitError: after the report, when the step does not fit the chips of `compile.topology`
       (so that launchers stop before creating the slice).
   """
+  if workdir and jax.process_index() == 0:  # Before the compilation, which can take minutes.
+    workdir_lib.check_report_folder(workdir, workdir_lib.COMPILE_REPORT)
   if config.compile.topology:
     figures = compile_for_slice(config)
   else:

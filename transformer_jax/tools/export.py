@@ -26,6 +26,7 @@ Fields CTranslate2's encoder-decoder cannot represent are refused before anythin
 import importlib.util
 import json
 import shutil
+import tempfile
 
 from absl import logging
 from etils import epath
@@ -151,7 +152,8 @@ def export_ctranslate2(params: dict, cfg: model_lib.ModelConfig, vocabulary_file
   """Writes a CTranslate2 model directory and a copy of the SentencePiece model; returns output_dir.
 
   Everything is checked (the fields, the quantisation, that output_dir is new or empty) before anything is
-  written; the directory is written to `<output_dir>.tmp` and renamed when complete.
+  written; the directory is written to a new folder beside it (`.<name>.export-<random>`, removed if the export
+  fails) and renamed when complete. Nothing that existed before is deleted or overwritten.
 
   Args:
     params: the parameters (float32).
@@ -178,16 +180,20 @@ def export_ctranslate2(params: dict, cfg: model_lib.ModelConfig, vocabulary_file
   spec = build_spec(jax.device_get(params), cfg, tokenizer_lib.Tokenizer.load(vocabulary_file).pieces())
   spec.validate()
   spec.optimize(quantization=quantization)
-  tmp = epath.Path(f'{output}.tmp')
-  if tmp.exists():
-    shutil.rmtree(tmp)
-  tmp.mkdir(parents=True)
-  spec.save(str(tmp))
-  shutil.copyfile(vocabulary_file, tmp / 'sentencepiece.model')
-  (tmp / 'transformer_jax.json').write_text(json.dumps({'quantization': quantization} | (record or {}), indent=2))
-  if output.exists():
-    output.rmdir()
-  tmp.rename(output)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  # A folder of a new name beside output (never one that exists: a user's `<output>.tmp` is left alone), removed
+  # again if the export fails.
+  tmp = epath.Path(tempfile.mkdtemp(prefix=f'.{output.name}.export-', dir=output.parent))
+  try:
+    spec.save(str(tmp))
+    shutil.copyfile(vocabulary_file, tmp / 'sentencepiece.model')
+    (tmp / 'transformer_jax.json').write_text(json.dumps({'quantization': quantization} | (record or {}), indent=2))
+    if output.exists():
+      output.rmdir()  # Empty (checked above); rmdir fails rather than delete anything put there since.
+    tmp.rename(output)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
   logging.info('Exported to %s (CTranslate2, %s).', output, quantization)
   return str(output)
 

@@ -13,6 +13,7 @@ and chips for v5e (also called v5litepod) and v6e (v5e-8 is 8 chips).
 """
 import dataclasses
 import os
+import re
 
 import jax
 
@@ -114,7 +115,8 @@ def parse(name: str) -> Slice:
   generation = _ALIASES.get(generation, generation)
   chip = CHIPS.get(generation)
   shapes = (_SHAPES_3D if chip.torus_dims == 3 else _SHAPES_2D) if chip else {}
-  chips = int(count) // chip.cores_per_chip if chip and count.isdigit() else None
+  count = count if re.fullmatch('[0-9]{1,6}', count) else ''  # ASCII digits: str.isdigit also takes '²' and '٣'.
+  chips = int(count) // chip.cores_per_chip if chip and count else None
   if chips not in shapes or int(count) % chip.cores_per_chip:
     raise errors.ConfigError(f'compile.topology={name!r} is not a known TPU slice; known: {", ".join(known_slices())} '
                              '(v4 and v5p count TensorCores, two per chip; v5e, alias v5litepod, and v6e count chips)')

@@ -146,23 +146,27 @@ def compute_setup(config, devices=None) -> Build:
 
 
 def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setup:
-  """Checks config, input files and workdir, then loads or trains the vocabulary and builds the model.
+  """Checks config, input files and workdir, then loads (training: or trains) the vocabulary and builds the model.
 
-  Nothing is written before every check has passed, and the only writes before training are the workdir
-  itself, its `checkpoints/` folder (and `best_checkpoints/` with train.eval_bleu_every_steps) and the
-  vocabulary `spm_<vocab_size>.model`.
+  Training (`lock='train'`) writes nothing before every check has passed, and its only writes before training
+  are the workdir itself, its `checkpoints/` folder (and `best_checkpoints/` with train.eval_bleu_every_steps)
+  and the vocabulary `spm_<vocab_size>.model`. Every other mode reads the run: its checkpoint managers are
+  read-only (they create, delete and rename nothing, and leave a trainer's save in progress alone), no
+  vocabulary is trained, and without a lock nothing at all is written, so a run folder on a read-only share
+  works and a trainer saving beside the reader is not disturbed.
 
   Args:
     config: the ConfigDict (configs/base.py).
     workdir: the run's folder.
     data_splits: splits whose input files must exist (`check_data_files`).
-    lock: for the modes that write the run ('train', 'evaluate'): take the folder's `workdir.RunLock` (process
-      0), released by `Setup.close`; None: read it without locking.
+    lock: 'train', or 'evaluate' for an evaluation that writes its outputs into the run folder: check that the
+      folder is writable and take its `workdir.RunLock` (process 0), released by `Setup.close`; None: read the
+      run without locking or writing.
 
   Raises:
     errors.ConfigError: for a bad config value, or a workdir holding a run with an incompatible config.
-    errors.MissingFileError: for a missing input file.
-    errors.PathError: if the workdir cannot be created or written.
+    errors.MissingFileError: for a missing input file; when reading, for a run folder without its vocabulary.
+    errors.PathError: if the workdir cannot be created or written (with a lock).
     tfds_downloads.DownloadError: when a TFDS dataset cannot be downloaded (before the workdir is created).
     workdir.WorkdirInUseError: when another process writes the run folder (nothing is written then).
   """
@@ -171,22 +175,31 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   config_checks.check_data_files(config.data, data_splits)
   if data_splits:
     input_pipeline.prepare_dataset(config.data)  # A failed download leaves no workdir behind.
-  _check_writable(workdir)
-  distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
+  read_only = lock != 'train'
+  if lock is not None:
+    _check_writable(workdir, ' (--output=DIR evaluates a run without writing into its folder)' if lock == 'evaluate'
+                    else '')
+    distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
   run_lock = _lock(workdir, lock)
   manager = None
   try:
     # The fingerprint check comes before the vocabulary is trained: a run with another vocabulary size would
     # otherwise leave a second spm_<vocab_size>.model behind before failing.
-    manager = fingerprint.open_checkpoints(config, workdir, model_cfg)
+    manager = fingerprint.open_checkpoints(config, workdir, model_cfg, read_only=read_only)
     fingerprint.check_vocabulary(config, workdir, manager)
+    if read_only:
+      fingerprint.require_vocabulary(config, workdir)
     tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
     if tokenizer.vocab_size != model_cfg.vocab_size:
       raise errors.ConfigError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
                                f'data.vocab_size={model_cfg.vocab_size}')
-    if run_lock is not None:
+    manager.vocabulary_sha256 = fingerprint.vocabulary_sha256(config, workdir)
+    if lock == 'train':
       fingerprint.record_vocabulary_hash(config, workdir)
-    best = fingerprint.open_best_checkpoints(config, workdir, model_cfg) if config.train.eval_bleu_every_steps else None
+    best = (fingerprint.open_best_checkpoints(config, workdir, model_cfg, read_only=read_only)
+            if config.train.eval_bleu_every_steps else None)
+    if best is not None:
+      best.vocabulary_sha256 = manager.vocabulary_sha256
   except BaseException:
     if manager is not None:
       manager.close()  # Its threads would outlive the error.
@@ -207,8 +220,9 @@ def _lock(workdir: str, purpose: str | None) -> workdir_lib.RunLock | None:
   return workdir_lib.RunLock(workdir, purpose).acquire()
 
 
-def _check_writable(workdir: str) -> None:
-  """Fails before training when the workdir cannot be written (read-only, missing permissions, full)."""
+def _check_writable(workdir: str, hint: str = '') -> None:
+  """Fails before training when the workdir cannot be written (read-only, missing permissions, full); the error
+  ends with `hint`."""
   try:
     path = epath.Path(workdir)
     path.mkdir(parents=True, exist_ok=True)
@@ -216,7 +230,7 @@ def _check_writable(workdir: str) -> None:
     probe.write_text('x' * 4096)
     probe.unlink()
   except OSError as e:
-    raise errors.PathError(f'--workdir={workdir} is not writable: {e}') from e
+    raise errors.PathError(f'--workdir={workdir} is not writable: {e}{hint}') from e
 
 
 def log_backend(config) -> None:

@@ -338,12 +338,22 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
 def _finished_run(setup: Setup, num_train_steps: int) -> dict[str, Any] | None:
   """The stored final metrics when the workdir's run has trained all train.num_train_steps and been evaluated
   (a rerun of the same command then does nothing: no second test translation, no duplicate TensorBoard
-  points); else None."""
+  points); else None.
+
+  Raises:
+    errors.ConfigError: when the newest checkpoint is past num_train_steps (before anything is written).
+    errors.DamagedFileError: naming final_metrics.json, when it is damaged.
+  """
   metrics_path = epath.Path(workdir_lib.path(setup.workdir, workdir_lib.FINAL_METRICS))
   steps = num_train_steps
-  if setup.checkpoints.latest_step() != steps or not metrics_path.is_file():
+  latest = setup.checkpoints.latest_step()
+  if latest is not None and latest > steps:
+    raise errors.ConfigError(
+        f'train.num_train_steps={steps} is below step {latest}, the newest checkpoint in {setup.checkpoints.directory}:'
+        f' set it to {latest} or more to train on, or use --mode=evaluate to evaluate the run.')
+  if latest != steps or not metrics_path.is_file():
     return None
-  metrics = json.loads(metrics_path.read_text())
+  metrics = workdir_lib.read_json(metrics_path, dict, 'delete it, and the same command evaluates the run again.')
   if metrics.get('train_steps') != steps:  # The evaluation of an earlier, shorter run: evaluate again.
     return None
   logging.warning('The run in %s is finished (step %d of %d; final figures in %s): nothing to do. Evaluate it '
