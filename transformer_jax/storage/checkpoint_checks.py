@@ -7,6 +7,9 @@
   all_processes                      a condition holds on every process
   require_shardings                  every leaf of a restore target carries a sharding
   to_json, flatten                   the JSON items (data position, fingerprint) and their dotted keys
+  read_json_item                     a step's JSON item (its metadata), a JSON object or one error naming it
+  check_identity                     a step's recorded step and vocabulary against its folder and the run's
+  check_fingerprint                  a stored config fingerprint against the run's, every differing key named
 
 They read, and write nothing but `sha256.json`; `evaluation/selection.py` checks its averages with
 `require_shardings` too.
@@ -156,3 +159,70 @@ def flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
     else:
       flat[f'{prefix}{key}'] = value
   return flat
+
+
+def read_json_item(path: str | os.PathLike[str]) -> dict:
+  """The JSON object orbax stored at `path` (a step's metadata item).
+
+  Raises:
+    errors.DamagedFileError: naming `path`, where it cannot be read or holds no JSON object.
+  """
+  try:
+    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+      item = checkpointer.restore(path, args=ocp.args.JsonRestore())
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.DamagedFileError(f'{path} cannot be read ({type(e).__name__}: {e}).') from None
+  if not isinstance(item, dict):
+    raise errors.DamagedFileError(f'{path} does not hold a JSON object: the checkpoint is damaged.')
+  return item
+
+
+def check_identity(metadata: dict, step_dir: str, step: int, vocabulary_sha256: str | None) -> None:
+  """The step and vocabulary a checkpoint recorded (where it has them) are its folder's name and the run's.
+
+  Args:
+    metadata: the step's metadata item (`read_json_item`), with 'step' and 'vocabulary_sha256' where recorded.
+    step_dir: the step's folder, named in the errors.
+    step: the step its folder's name says.
+    vocabulary_sha256: the run's vocabulary hash; None or empty skips the vocabulary check.
+
+  Raises:
+    errors.DamagedFileError: naming the folder, for a step folder renamed or copied in under another step.
+    errors.ConfigError: naming the folder and both hashes, for a checkpoint of a run with another vocabulary.
+  """
+  saved_step = metadata.get('step')
+  if saved_step is not None and saved_step != step:
+    raise errors.DamagedFileError(
+        f'{step_dir} holds checkpoint step {saved_step!r}, not step {step}: the folder was renamed or copied in. '
+        'Move it away (or name it after its step) and rerun.')
+  saved_vocabulary = metadata.get('vocabulary_sha256')
+  if saved_vocabulary and vocabulary_sha256 and saved_vocabulary != vocabulary_sha256:
+    raise errors.ConfigError(
+        f'{step_dir} was trained with the vocabulary of SHA-256 {saved_vocabulary}, but this run\'s is '
+        f'{vocabulary_sha256}: the checkpoint comes from another run, and its embeddings index other pieces. '
+        'Move it out of the run folder.')
+
+
+def check_fingerprint(stored: dict, given: dict, *, where: str, workdir: str | os.PathLike[str]) -> None:
+  """A run's config fingerprint equals the one stored with its checkpoints.
+
+  Args:
+    stored: the fingerprint read from a checkpoint's metadata.
+    given: this run's. Nested dicts are compared key by key ('model.d_model'); values after a JSON round trip,
+      so a tuple equals the list it was saved as.
+    where: the checkpoint `stored` was read from, for the message.
+    workdir: the run folder, for the message.
+
+  Raises:
+    errors.ConfigError: naming every differing key with the stored and the given value.
+  """
+  given = flatten(to_json(given, 'fingerprint'))
+  stored = flatten(stored)
+  absent = object()
+  show = lambda values, key: repr(values[key]) if key in values else '(absent)'
+  differences = [f'workdir {workdir} holds a run with {key}={show(stored, key)}; this config has '
+                 f'{key}={show(given, key)}'
+                 for key in sorted(set(stored) | set(given)) if stored.get(key, absent) != given.get(key, absent)]
+  if differences:
+    raise errors.ConfigError(f'Config does not match {where}:\n  ' + '\n  '.join(differences)
+                             + '\nUse a new workdir, or the config the run was started with.')

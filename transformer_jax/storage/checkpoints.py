@@ -169,27 +169,10 @@ class CheckpointManager:
     Raises:
       errors.ConfigError: naming every differing key with the stored and the given value.
     """
-    given = checkpoint_checks.flatten(checkpoint_checks.to_json(fingerprint, 'fingerprint'))
     found = self._stored_fingerprint()
-    if found is None:
-      return
-    step, stored = found
-    stored = checkpoint_checks.flatten(stored)
-    absent = object()
-
-    def show(values, key):
-      return repr(values[key]) if key in values else '(absent)'
-
-    differences = [
-        f'workdir {self._workdir} holds a run with {key}={show(stored, key)}; '
-        f'this config has {key}={show(given, key)}'
-        for key in sorted(set(stored) | set(given))
-        if stored.get(key, absent) != given.get(key, absent)]
-    if differences:
-      raise errors.ConfigError(
-          f'Config does not match the checkpoint at step {step} in {self._directory}:\n  '
-          + '\n  '.join(differences)
-          + '\nUse a new workdir, or the config the run was started with.')
+    if found is not None:
+      checkpoint_checks.check_fingerprint(found[1], fingerprint, where=f'the checkpoint at step {found[0]} in '
+                                          f'{self._directory}', workdir=self._workdir)
 
   def _stored_fingerprint(self) -> tuple[int, dict] | None:
     """(step, fingerprint) of the newest checkpoint with readable metadata, or None."""
@@ -197,15 +180,12 @@ class CheckpointManager:
       return None
     steps = sorted((m.step for m in self._name_format.find_all(self._directory)), reverse=True)
     for step in steps:
-      path = os.path.join(self._step_path(step), _METADATA)
       try:
-        with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
-          metadata = checkpointer.restore(path, args=ocp.args.JsonRestore())
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning('Cannot read the metadata of checkpoint step %d (%s: %s); trying the '
-                        'previous step.', step, type(e).__name__, e)
+        metadata = checkpoint_checks.read_json_item(os.path.join(self._step_path(step), _METADATA))
+      except errors.DamagedFileError as e:
+        logging.warning('%s Trying the previous step.', e)
         continue
-      fingerprint = metadata.get('fingerprint') if isinstance(metadata, dict) else None
+      fingerprint = metadata.get('fingerprint')
       return None if fingerprint is None else (step, fingerprint)
     return None
 
@@ -385,32 +365,9 @@ class CheckpointManager:
     return restored[_STATE], restored[_DATA_STATE]
 
   def _check_identity(self, step: int) -> None:
-    """The step and vocabulary recorded in checkpoint `step`'s metadata (where it has them) are this folder's
-    name and this run's vocabulary.
-
-    Raises:
-      errors.DamagedFileError: naming the folder, for a step folder renamed or copied in under another step.
-      errors.ConfigError: naming the folder and both hashes, for a checkpoint of a run with another vocabulary.
-    """
-    path = os.path.join(self._step_path(step), _METADATA)
-    try:
-      with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
-        metadata = checkpointer.restore(path, args=ocp.args.JsonRestore())
-    except Exception as e:  # pylint: disable=broad-except
-      raise errors.DamagedFileError(f'{path} cannot be read ({type(e).__name__}: {e}).') from None
-    if not isinstance(metadata, dict):
-      raise errors.DamagedFileError(f'{path} does not hold a JSON object: the checkpoint is damaged.')
-    saved_step = metadata.get('step')
-    if saved_step is not None and saved_step != step:
-      raise errors.DamagedFileError(
-          f'{self._step_path(step)} holds checkpoint step {saved_step!r}, not step {step}: the folder was renamed or '
-          'copied in. Move it away (or name it after its step) and rerun.')
-    saved_vocabulary = metadata.get('vocabulary_sha256')
-    if saved_vocabulary and self.vocabulary_sha256 and saved_vocabulary != self.vocabulary_sha256:
-      raise errors.ConfigError(
-          f'{self._step_path(step)} was trained with the vocabulary of SHA-256 {saved_vocabulary}, but this run\'s '
-          f'is {self.vocabulary_sha256}: the checkpoint comes from another run, and its embeddings index other '
-          'pieces. Move it out of the run folder.')
+    """`checkpoint_checks.check_identity` of checkpoint `step` against this folder and this run's vocabulary."""
+    metadata = checkpoint_checks.read_json_item(os.path.join(self._step_path(step), _METADATA))
+    checkpoint_checks.check_identity(metadata, self._step_path(step), step, self.vocabulary_sha256)
 
   def restore_latest(self, abstract_state: PyTree) -> Restored | None:
     """Restores the newest checkpoint that can be read completely.
