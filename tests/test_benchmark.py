@@ -114,7 +114,7 @@ def _run_benchmark(config, capsys):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize('name', ['tiny', 'multi30k'])
+@pytest.mark.parametrize('name', ['smoke', 'multi30k'])
 def test_benchmark_mode_runs(name, capsys):
   _run_benchmark(load_config(name), capsys)
 
@@ -123,7 +123,7 @@ def test_benchmark_mode_runs(name, capsys):
 def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, capsys):
   """The benchmark jits `train.jit_train_step` of a Build made by `experiment.compute_setup`: its optimiser honours
   every train.* optimiser field (it once built its own Adam, ignoring them)."""
-  config = load_config('tiny')
+  config = load_config('smoke')
   config.train.update(learning_rate_scale=3.0, adam_b1=0.8, adam_b2=0.9, adam_eps=1e-6, grad_clip_norm=0.5,
                       warmup_steps=7)
   used = []

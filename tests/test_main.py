@@ -47,7 +47,7 @@ def main_raising(error: str, *flags, cwd: pathlib.Path) -> subprocess.CompletedP
       runpy.run_module('transformer_jax.main', run_name='__main__')
       """))
   env = {**os.environ, 'PYTHONPATH': str(packages), 'TRANSFORMER_JAX_ALLOCATOR': 'system'}
-  return subprocess.run([sys.executable, str(driver), f'--config={REPO_ROOT}/configs/tiny.py', '--mode=config',
+  return subprocess.run([sys.executable, str(driver), f'--config={REPO_ROOT}/configs/smoke.py', '--mode=config',
                          *flags], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -155,7 +155,7 @@ def test_report_and_sweep_help_exit_zero(tmp_path):
 
 
 def test_a_mode_that_needs_a_workdir_says_so_in_one_line(tmp_path):
-  process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=evaluate', cwd=tmp_path)
+  process = main(f'--config={REPO_ROOT}/configs/smoke.py', '--mode=evaluate', cwd=tmp_path)
   assert process.returncode == 1
   assert process.stderr.strip().splitlines() == [
       "--workdir is required for --mode=evaluate (the run's folder; --help for usage)"]
@@ -172,7 +172,7 @@ def test_library_info_records_are_dropped_and_their_warnings_kept():
 
 @pytest.mark.integration
 def test_compile_for_an_unknown_tpu_slice_is_one_line_without_a_workdir(tmp_path):
-  process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=compile', '--config.compile.topology=v5e-7',
+  process = main(f'--config={REPO_ROOT}/configs/smoke.py', '--mode=compile', '--config.compile.topology=v5e-7',
                  cwd=tmp_path)
   assert process.returncode == 1 and [p.name for p in tmp_path.iterdir()] == ['packages']  # Nothing written.
   lines = process.stderr.strip().splitlines()

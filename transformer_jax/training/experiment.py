@@ -150,7 +150,8 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
 
   Nothing is written before every check has passed, and the only writes before training are the workdir
   itself, its `checkpoints/` folder (and `best_checkpoints/` with train.eval_bleu_every_steps) and the
-  vocabulary `spm_<vocab_size>.model`.
+  vocabulary `spm_<vocab_size>.model`. A check that fails after them (a vocabulary size the corpus cannot
+  fill) removes those of the folders this call created that are still empty.
 
   Args:
     config: the ConfigDict (configs/base.py).
@@ -171,6 +172,8 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   config_checks.check_data_files(config.data, data_splits)
   if data_splits:
     input_pipeline.prepare_dataset(config.data)  # A failed download leaves no workdir behind.
+  new_folders = [folder for folder in (epath.Path(workdir) / 'best_checkpoints', epath.Path(workdir) / 'checkpoints',
+                                       epath.Path(workdir)) if not folder.exists()]  # Innermost first.
   _check_writable(workdir)
   distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
   run_lock = _lock(workdir, lock)
@@ -192,9 +195,20 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
       manager.close()  # Its threads would outlive the error.
     if run_lock is not None:
       run_lock.release()
+    _remove_if_empty(new_folders)
     raise
   return Setup(**{f.name: getattr(built, f.name) for f in dataclasses.fields(Build) if f.init}, workdir=workdir,
                tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best, lock=run_lock)
+
+
+def _remove_if_empty(folders: list[epath.Path]) -> None:
+  """Removes each of `folders` (innermost first) that exists and holds nothing; leaves any other as it is."""
+  for folder in folders:
+    try:
+      if folder.exists() and not any(folder.iterdir()):
+        folder.rmdir()
+    except OSError:
+      pass  # Another process wrote into it, or it cannot be removed: it stays, as before this call.
 
 
 def _lock(workdir: str, purpose: str | None) -> workdir_lib.RunLock | None:
