@@ -192,11 +192,13 @@ def prepare_argv(argv: list[str]) -> list[str]:
 
   Raises:
     SystemExit: with a message, when --config is left out and the workdir holds no run.
+    errors.MissingFileError: when the --config file does not exist, naming it and the configs there are.
   """
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   roots = [pathlib.Path(__file__).resolve().parents[1]]
   config = _flag_value(argv, 'config')
   if config:
+    _check_config_file(config.split(':')[0], roots[0] / 'configs')
     roots.append(pathlib.Path(config.split(':')[0]).resolve().parents[1])
   for root in roots:
     if str(root) not in sys.path:
@@ -209,6 +211,17 @@ def prepare_argv(argv: list[str]) -> list[str]:
     sys.exit('--config is required' + (f': --workdir={workdir} holds no run (no config.json)' if workdir else '')
              + '; e.g. --config=configs/multi30k.py (--help for usage)')
   return argv
+
+
+def _check_config_file(path: str, configs_dir: pathlib.Path) -> None:
+  """Raises errors.MissingFileError naming `path` and the configs in `configs_dir` when `path` is not a file
+  (ml_collections would report it as 'Failed loading config file config_config' when the config is first read)."""
+  if pathlib.Path(path).is_file():
+    return
+  shown = os.path.relpath(configs_dir) if configs_dir.resolve().is_relative_to(pathlib.Path.cwd()) else configs_dir
+  names = ', '.join(sorted(p.name for p in configs_dir.glob('*.py') if not p.name.startswith('_')))
+  raise errors.MissingFileError(f'--config={path}: no such file (from {os.getcwd()}); the configs in {shown}: '
+                                f'{names or "none"}')
 
 
 def _print_help_and_exit(argv: list[str]) -> None:
