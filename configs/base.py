@@ -99,6 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
       grad_accum_steps=1,
       seed=0,
       log_every_steps=100,
+      log_every_secs=30.0,            # Also a progress line once this many seconds passed since the last; 0: off.
       eval_every_steps=5000,
       checkpoint_every_steps=5000,
       max_checkpoints_to_keep=20,     # §6.1 averages the last 20 checkpoints for big.

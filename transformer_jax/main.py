@@ -33,6 +33,7 @@ if __name__ == '__main__':
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 from ml_collections import config_flags
 
@@ -109,15 +110,18 @@ def main(argv):
     print(summary.summarize(config_checks.model_config(config)))
     return
   if mode == 'benchmark':
+    _log_start(mode, workdir)
     from transformer_jax.tools import benchmark  # pylint: disable=g-import-not-at-top
     benchmark.run(config)
     return
   if mode == 'compile':  # --workdir is optional: it only receives compile.json.
+    _log_start(mode, workdir)
     from transformer_jax.tools import aot  # pylint: disable=g-import-not-at-top
     aot.compile_only(config, workdir)
     return
   if workdir is None:
     sys.exit(f'--workdir is required for --mode={mode} (the run\'s folder; --help for usage)')
+  _log_start(mode, workdir)
   from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
   from transformer_jax.training import distributed  # pylint: disable=g-import-not-at-top
   from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
@@ -146,6 +150,13 @@ def main(argv):
   elif mode == 'export':
     from transformer_jax.tools import export  # pylint: disable=g-import-not-at-top
     export.export_run(config, workdir, flags.FLAGS.output)
+
+
+def _log_start(mode: str, workdir: str | None) -> None:
+  """The command's first line, before the imports and the backend's start-up (seconds on a busy 2-core CPU);
+  the next names the backend and devices."""
+  logging.info('transformer_jax --mode=%s%s: starting (imports and the backend take a few seconds).', mode,
+               f' --workdir={workdir}' if workdir else '')
 
 
 def _decoding_grid() -> tuple[list[int], list[float], list]:

@@ -52,7 +52,9 @@ from transformer_jax.training.state import TrainState
 Array = jax.Array
 Batch = dict[str, Array]
 _SUM_KEYS = ('loss_sum', 'nll_sum', 'correct_sum', 'token_count')
-_FIRST_REPORT_AFTER = 10  # Steps of a (re)started loop before its first progress line, then every log_every_steps.
+# Steps of a (re)started loop before its first progress line; then every log_every_steps, and whenever
+# log_every_secs have passed since the last line.
+_FIRST_REPORT_AFTER = 10
 
 
 def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
@@ -207,6 +209,12 @@ class _Progress:
     raise errors.DivergedError(f'{message}. Stopped: {resume} (e.g. with a lower train.learning_rate_scale), '
                                'or set train.on_nonfinite=skip.')
 
+  def due(self) -> bool:
+    """Whether train.log_every_secs have passed since the last line (on one process only: over several, every
+    process must report at the same step, and their clocks differ)."""
+    every = self.train_config.log_every_secs
+    return bool(every) and jax.process_count() == 1 and time.perf_counter() - self.time >= every
+
   def report(self, step: int) -> None:
     self.check_pending()
     now = time.perf_counter()
@@ -318,7 +326,8 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
     last, stopping = step == cfg.num_train_steps, stop.requested(step)
     if last or stopping or step % cfg.checkpoint_every_steps == 0:
       progress.check_pending()  # With on_nonfinite='stop', a skipped step's state is never saved.
-    if last or step % cfg.log_every_steps == 0 or step == first_step + _FIRST_REPORT_AFTER:
+    if (last or step % cfg.log_every_steps == 0 or step == first_step + _FIRST_REPORT_AFTER
+        or progress.due()):
       progress.report(step)
     with timeline.stage('evaluation'):
       if last or step % cfg.eval_every_steps == 0:
