@@ -3,11 +3,18 @@
   python -m transformer_jax.main --config=configs/tiny.py --workdir=runs/tiny \
       --config.data.manual_dir=../shared/data/multi30k
 
-The paper's architecture (§3) at N=2, d_model=128, d_ff=512, h=4 (d_k=d_v=32) with a shared BPE vocabulary of
-4,000; packed batches of 1,024 source + 1,024 target slots; 2,000 steps (~5 epochs) with the §5.3 schedule,
-warm-up 300 steps. Validation BLEU (greedy) at steps 1,000 and 2,000, then beam search on the test split.
+The paper's architecture (§3) at N=2, d_model=128, d_ff=512, h=4 (d_k=d_v=32), a shared BPE vocabulary of 4,000
+and packed batches of 1,024 source + 1,024 target slots; 1,600 steps (~4 epochs) of the §5.3 schedule with
+warm-up 300 (peak learning rate 5.1e-3); the last 2 checkpoints averaged, beam 4, alpha 1.0.
 
-Measured: see README ("A first run"). For tests, configs/smoke.py is the same route at a size that learns nothing.
+Measured on a 2-vCPU AMD EPYC without AMX, 2026-12-04, shared with a training run and tests (load 9-18): 12.8 min
+of wall time (1,600 steps, 16 TFLOP, in 558 s: 2.9 steps/s), 175 CPU-seconds in all, so about 1.5-3 min alone on 2 cores
+(estimated from the CPU time, not measured alone). Validation sacreBLEU 26.95; test_2016_flickr sacreBLEU 28.21,
+lowercased tokenised 28.46. "A man in a red shirt is riding a bike." -> "Ein Mann in einem roten Hemd fährt auf
+einem Fahrrad."
+
+For tests, configs/smoke.py is the same route at a size that learns nothing.
+"""
 """
 import ml_collections
 
@@ -21,8 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.update(dataset='multi30k', source_lang='en', target_lang='de', vocab_size=4000,
                      tokenizer_train_sentences=60_000, tokens_per_batch=1024, max_length=128,
                      bucket_lengths=(16, 32, 64, 128), packing=True)
-  config.train.update(num_train_steps=2000, warmup_steps=300, log_every_steps=100, eval_every_steps=1000,
-                      checkpoint_every_steps=500, max_checkpoints_to_keep=4, eval_bleu_every_steps=1000)
-  config.eval.update(average_last_n=2, bleu_beam_size=1)
+  config.train.update(num_train_steps=1600, warmup_steps=300, log_every_steps=100, eval_every_steps=800,
+                      checkpoint_every_steps=400, max_checkpoints_to_keep=4)
+  config.eval.update(average_last_n=2)
   config.decode.update(alpha=1.0, tokens_per_batch=512)
   return config
