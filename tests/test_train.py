@@ -38,7 +38,7 @@ from tiny_runs import main_command
 from tiny_runs import read_events
 from tiny_runs import record_batches
 from tiny_runs import REPO_ROOT
-from tiny_runs import tiny
+from tiny_runs import smoke
 from tiny_runs import SPLITS
 from tiny_runs import subprocess_env
 from tiny_runs import text_config
