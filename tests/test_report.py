@@ -76,10 +76,17 @@ def test_training_cost_is_its_flops_whatever_the_wall_time(tmp_path):
   fake_run(tmp_path / 'base.seed1', 'base', finished(9.2) | {'mfu': 0.05, 'train_steps_seconds': 500.0,
                                                              'train_wall_seconds': 3720.0})
   fake_run(tmp_path / 'A1', 'A1', finished(9.5) | {'mfu': 0.0, 'train_steps_seconds': 0.0003})
+  # Resumed at step 450 of 600: its last invocation trained a quarter of the run's FLOPs.
+  fake_run(tmp_path / 'C1', 'C1', finished(12.0) | {'mfu': 0.25, 'train_steps_seconds': 30.0, 'first_step': 450})
+  # An older record, resumed, without first_step: a lower bound; the row takes its largest seed.
+  fake_run(tmp_path / 'C1.seed1', 'C1', finished(12.2) | {'mfu': 0.25, 'train_steps_seconds': 10.0})
   report.write_report(tmp_path, ROWS_FILE)
   records = {r['row']: r for r in json.loads((tmp_path / 'table3.json').read_text())['rows']}
   assert records['base']['train_tflop_values'] == [pytest.approx(100.0), pytest.approx(100.0)]
-  assert records['base']['train_tflop_std'] == pytest.approx(0.0) and records['A1']['train_tflop'] is None
+  assert records['base']['train_tflop'] == pytest.approx(100.0) and records['base']['train_tflop_std'] is None
+  assert records['A1']['train_tflop'] is None
+  assert records['C1']['train_tflop_values'] == [pytest.approx(120.0), pytest.approx(10.0)]
+  assert records['C1']['train_tflop'] == pytest.approx(120.0)
 
 
 def test_plot_puts_ours_and_the_papers_on_one_axis_relative_to_base(tmp_path, monkeypatch):

@@ -159,14 +159,20 @@ def run_record(row: str, workdir: pathlib.Path, note: str, paper: dict | None) -
 
 
 def train_tflop(metrics: dict[str, Any]) -> float | None:
-  """The model FLOPs a run trained, in TFLOP, from its final_metrics.json: MFU x seconds of training steps x
-  peak, which is the loop's FLOP count (`flops.train_step_flops` summed over its batches) whatever the seconds
-  were: time the run spent paused or beside other work does not change it, where its wall time would. None when
-  the last invocation trained no step (a run resumed only to be evaluated records mfu 0)."""
+  """The model FLOPs of a run's training, in TFLOP, from its final_metrics.json.
+
+  MFU x seconds of training steps x peak is the FLOP count of the steps the last invocation trained
+  (`flops.train_step_flops` over its batches) whatever the seconds were: time paused or beside other work does not
+  change it, where wall time would. Records with `first_step` (the step that invocation resumed from) are scaled to
+  the whole run; older ones count only the last invocation's steps (a lower bound, which `merge_seeds` resolves
+  by taking a row's largest). None when the last invocation trained no step (mfu 0).
+  """
   mfu, seconds, peak = (metrics.get(key) for key in ('mfu', 'train_steps_seconds', 'peak_flops'))
   if not mfu or not seconds or not peak:
     return None
-  return mfu * seconds * peak / 1e12
+  trained, first = metrics.get('train_steps'), metrics.get('first_step')
+  scale = trained / (trained - first) if trained and first is not None and trained > first else 1.0
+  return mfu * seconds * peak / 1e12 * scale
 
 
 def seed_of(name: str, row: str) -> int | None:
@@ -194,6 +200,9 @@ def merge_seeds(records: Sequence[dict[str, Any]], seeds: Sequence[int] | None =
     merged[key] = statistics.fmean(values) if values else merged[key]
     merged[f'{key}_std'] = statistics.stdev(values) if len(values) >= 2 else None
     merged[f'{key}_n'] = len(values)
+  if merged['train_tflop_n']:  # One seed's cost, not a mean: seeds of a row train the same FLOPs (`train_tflop`).
+    merged.update(train_tflop=max(merged['train_tflop_values'], key=lambda v: v or 0.0), train_tflop_std=None,
+                  train_tflop_n=1)
   if finished and len(finished) < len(records):
     merged['status'] = f'finished {len(finished)} of {len(records)} seeds'
   return merged

@@ -411,7 +411,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                    '; re-measured at most once a minute, the highest kept' if peak.measured else '')
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
     progress = _Progress(config.train, setup, writer, int(state.step), peak, timeline)
-    start = time.perf_counter()
+    start, first_step = time.perf_counter(), int(state.step)
     with (_StopRequest() as stop, setup.mesh_context(),
           timeline.loop()):
       state, stopped_at = _train_loop(config, setup, state, train_fn, eval_fn, data, writer, stop, progress,
@@ -420,6 +420,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       setup.checkpoints.wait_until_finished()
     steps_seconds = max(timeline.seconds['train_steps'], 1e-9)
     run_info = {'train_wall_seconds': time.perf_counter() - start, 'train_steps': int(state.step),
+                'first_step': first_step,  # This invocation trained steps first_step + 1 .. train_steps.
                 'mfu': progress.total_flops / steps_seconds / peak.flops, 'peak_flops': peak.flops}
     if stopped_at is not None:
       logging.warning('Stopped by %s after step %d: saved checkpoint step %d in %s. Run the same command to '
