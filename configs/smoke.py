@@ -17,7 +17,8 @@ from configs import base
 
 def get_config() -> ml_collections.ConfigDict:
   config = base.get_config()
-  config.model.update(num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, max_length=32)
+  config.model.update(num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, max_length=32,
+                      dtype='float32')  # Exact numbers for the tests that compare them.
 
   config.data.update(
       dataset='multi30k',
