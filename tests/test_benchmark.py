@@ -50,6 +50,33 @@ def test_measured_peak_keeps_the_highest_measurement(monkeypatch):
   flops_lib.peak_flops.cache_clear()
 
 
+@pytest.mark.parametrize(('load', 'shared'), [(0.6, False), (1.0, False), (3.5, True)])
+def test_a_peak_measured_under_load_says_so(monkeypatch, load, shared):
+  """On 2 CPUs a 1-minute load above 1 means other work shares them: the peak's source says so."""
+  flops_lib.peak_flops.cache_clear()
+  monkeypatch.setattr(flops_lib.os, 'getloadavg', lambda: (load, load, load))
+  monkeypatch.setattr(flops_lib.os, 'cpu_count', lambda: 2)
+  monkeypatch.setattr(flops_lib, 'measure_peak_flops', lambda dtype, size, repeats=10: 1.0e11)
+  peak = flops_lib.Peak(jnp.bfloat16, every_seconds=0.0)
+  assert (f'at load {load:.1f} on 2 CPUs (shared' in peak.source) is shared
+  flops_lib.peak_flops.cache_clear()
+
+
+def test_a_raised_peak_is_logged_with_its_load(monkeypatch):
+  flops_lib.peak_flops.cache_clear()
+  monkeypatch.setattr(flops_lib.os, 'getloadavg', lambda: (0.2, 0.2, 0.2))
+  measurements = iter([1.0e11, 3.0e11, 2.0e11])
+  monkeypatch.setattr(flops_lib, 'measure_peak_flops', lambda dtype, size, repeats=10: next(measurements))
+  lines = []
+  monkeypatch.setattr(flops_lib.logging, 'info', lambda fmt, *args: lines.append(fmt % args))
+  peak = flops_lib.Peak(jnp.bfloat16, every_seconds=0.0)
+  peak.remeasure()
+  peak.remeasure()  # Lower: kept silent.
+  assert len(lines) == 1 and lines[0].startswith(f'MFU peak raised to {0.3 * jax.device_count():.3g} TFLOP/s')
+  assert 'load' not in peak.source and peak.source.endswith('matmul again')
+  flops_lib.peak_flops.cache_clear()
+
+
 def test_table_peak_is_not_remeasured(monkeypatch):
   flops_lib.peak_flops.cache_clear()
   monkeypatch.setitem(flops_lib.KNOWN_PEAKS, jax.devices()[0].device_kind, 5.0e14)
