@@ -8,13 +8,12 @@ and packed batches of 1,024 source + 1,024 target slots; 1,600 steps (~4 epochs)
 warm-up 300 (peak learning rate 5.1e-3); the last 2 checkpoints averaged, beam 4, alpha 1.0.
 
 Measured on a 2-vCPU AMD EPYC without AMX, 2026-12-04, shared with a training run and tests (load 9-18): 12.8 min
-of wall time (1,600 steps, 16 TFLOP, in 558 s: 2.9 steps/s), 175 CPU-seconds in all, so about 1.5-3 min alone on 2 cores
-(estimated from the CPU time, not measured alone). Validation sacreBLEU 26.95; test_2016_flickr sacreBLEU 28.21,
+of wall time (1,600 steps, 16 TFLOP, in 558 s: 2.9 steps/s), 175 CPU-seconds in all, so about 1.5-3 min alone on
+2 cores (estimated from the CPU time, not measured alone). Validation sacreBLEU 26.95; test_2016_flickr sacreBLEU 28.21,
 lowercased tokenised 28.46. "A man in a red shirt is riding a bike." -> "Ein Mann in einem roten Hemd fährt auf
 einem Fahrrad."
 
 For tests, configs/smoke.py is the same route at a size that learns nothing.
-"""
 """
 import ml_collections
 
