@@ -175,7 +175,7 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   new_folders = [folder for folder in (epath.Path(workdir) / 'best_checkpoints', epath.Path(workdir) / 'checkpoints',
                                        epath.Path(workdir)) if not folder.exists()]  # Innermost first.
   _check_writable(workdir)
-  distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
+  distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes.
   run_lock = _lock(workdir, lock)
   manager = None
   try:
