@@ -2,7 +2,7 @@
 
   python benchmarks/config_trace.py [--show]
 
-Runs `train.train_and_evaluate` on configs/tiny.py (the tests' synthetic corpus, tests/tiny_runs.py, with the
+Runs `train.train_and_evaluate` on configs/smoke.py (the tests' synthetic corpus, tests/tiny_runs.py, with the
 final translation; in a temporary folder) under `sys.setprofile` and follows every call into the package that receives the configuration: the
 ConfigDict itself, one of its sections (config.data, config.train, ...), or an object holding it in a
 `config` attribute (`Setup` did until #29). Each call site is followed once (the first time a function calls a given

@@ -7,8 +7,8 @@ Paper (Vaswani et al., 2017): N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_dr
 newstest2014 BLEU 27.3 (Table 2). 12 hours on 8 P100 GPUs (0.4 s/step).
 
 The paper's batch (~25,000 source + 25,000 target tokens, §5.1) on Cloud TPU slices, compiled by the TPU
-compiler on a 2-core CPU without a TPU, shared with a training run (`--mode=compile --config.compile.topology=<slice>
---config.model.dtype=bfloat16`; benchmarks/tpu_fit_table.py); the step at the longest bucket, [97, 256] per side
+compiler on a 2-core CPU without a TPU, shared with a training run (`--mode=compile --config.compile.topology=<slice>`,
+bfloat16 compute, the default; benchmarks/tpu_fit_table.py); the step at the longest bucket, [97, 256] per side
 padded to a multiple of the data shards. Step times are the roofline ESTIMATE of aot.roofline (model FLOPs at
 the bf16 peak, XLA's bytes accessed at the HBM bandwidth; no collectives), not measurements:
 
@@ -44,7 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
       layer_norm_position='post',     # §3.1: LayerNorm(x + Sublayer(x)); 'pre' (Xiong et al., 2020) adds a final norm.
       scale_embeddings=True,          # §3.4: multiply embeddings by sqrt(d_model).
       max_length=256,                 # Longest position a learned embedding table holds.
-      dtype='float32',                # Compute dtype; 'bfloat16' on accelerators. Params stay float32.
+      # Compute dtype of the matrix products (params, softmax, logits and the loss stay float32, as in MaxText and
+      # t5x): bfloat16 is what GPUs and TPUs run fast; 'float32' for exact CPU tests (configs/smoke.py).
+      dtype='bfloat16',
       attention_impl='xla',           # 'xla' (einsum) or 'fused' (jax.nn.dot_product_attention).
       remat=False,                    # Rematerialise each layer in the backward pass (memory for big).
       # Later variants, not in the paper (Table 3 rows F1-F8, configs/table3.py); the defaults are the paper's.
@@ -99,6 +101,7 @@ def get_config() -> ml_collections.ConfigDict:
       grad_accum_steps=1,
       seed=0,
       log_every_steps=100,
+      log_every_secs=30.0,            # Also a progress line once this many seconds passed since the last; 0: off.
       eval_every_steps=5000,
       checkpoint_every_steps=5000,
       max_checkpoints_to_keep=20,     # §6.1 averages the last 20 checkpoints for big.

@@ -9,7 +9,7 @@ Paper (Vaswani et al., 2017): base with d_model=1024, d_ff=4096, h=16 (d_k=d_v=6
 
 The paper's batch (~25,000 source + 25,000 target tokens, §5.1) on Cloud TPU slices, compiled by the TPU
 compiler on a 2-core CPU without a TPU, shared with a training run (`--mode=compile
---config.compile.topology=<slice> --config.model.dtype=bfloat16`; benchmarks/tpu_fit_table.py); the step at the
+--config.compile.topology=<slice>`, bfloat16 compute, the default; benchmarks/tpu_fit_table.py); the step at the
 longest bucket, [97, 256] per side padded to a multiple of the data shards. Step times are the roofline ESTIMATE
 of aot.roofline (model FLOPs at the bf16 peak, XLA's bytes accessed at the HBM bandwidth; no collectives), not
 measurements:

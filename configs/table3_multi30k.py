@@ -26,14 +26,15 @@ Multi30k), the main job's schedule (configs/multi30k.py: 400 warm-up steps, lear
 1.6e-3 at d_model 256), checkpoints every 100 steps and the last 5 (steps 1,600-2,000) averaged, greedy decoding
 of the dev and test splits (beam search changes BLEU by ~1-2 points at ~2x the decoding time, for every row
 alike), validation perplexity every 250 steps (each row's curve: a diverged row shows where). The budget was
-chosen on the base row's validation curve (docs/table3_multi30k.md): dev BLEU 30.0 (greedy, one checkpoint) at
-1,000 steps, perplexity still falling 10% per 250 steps at 1,500. About 25 minutes per base-sized row alone on a
-2-core CPU; seeds: `launch/sweep_table3.sh --seeds=1,2`.
+chosen on the base row's validation curve (docs/table3_multi30k_history.md): dev BLEU 30.0 (greedy, one checkpoint) at
+1,000 steps, perplexity still falling 10% per 250 steps at 1,500. A base-sized row is 193 TFLOP of training: ~8
+min alone on a 2-vCPU Intel Xeon with AMX, ~11 min alone on a 2-vCPU AMD EPYC without AMX, evaluations included
+(docs/table3_multi30k.md, "Cost"); seeds: `launch/sweep_table3.sh --seeds=1,2`.
 
 The attention products multiply in bfloat16 (model.attention_product_dtype='compute', float32 accumulation), as
 the matrix products do: on an AMX Xeon the step is 3-8% faster than with float32 products, and the base row
 trained alike (2,000 steps, three seeds each: dev perplexity 6.32 +- 0.14, dev BLEU 36.90 +- 0.25, test
-36.67 +- 0.51, against 6.32 +- 0.04, 36.88 +- 0.14 and 36.61 +- 0.26 in float32; docs/table3_multi30k.md).
+36.67 +- 0.51, against 6.32 +- 0.04, 36.88 +- 0.14 and 36.61 +- 0.26 in float32; docs/table3_multi30k_history.md).
 """
 import ml_collections
 

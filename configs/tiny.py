@@ -1,11 +1,19 @@
-"""A tiny Transformer for CPU tests and smoke runs; seconds per run, no target BLEU.
+"""A small Transformer that learns Multi30k English->German in minutes on a 2-core CPU: a first run.
 
-  python -m transformer_jax.main --config=configs/tiny.py --workdir=/tmp/tiny \
-      --config.data.manual_dir=../shared/data/multi30k --config.data.vocab_size=512
+  python -m transformer_jax.main --config=configs/tiny.py --workdir=runs/tiny \
+      --config.data.manual_dir=../shared/data/multi30k
 
-data.manual_dir points nowhere by default, so that nothing downloads by accident: pass the folder holding
-Multi30k's {split}.{lang}.gz. data.vocab_size=64 suits synthetic data and model tests; training a SentencePiece
-vocabulary needs more, since byte fallback alone takes 256 pieces (Multi30k en+de needs at least 320).
+The paper's architecture (§3) at N=2, d_model=128, d_ff=512, h=4 (d_k=d_v=32), a shared BPE vocabulary of 4,000
+and packed batches of 1,024 source + 1,024 target slots; 1,600 steps (~4 epochs) of the §5.3 schedule with
+warm-up 300 (peak learning rate 5.1e-3); the last 2 checkpoints averaged, beam 4, alpha 1.0.
+
+Measured on a 2-vCPU AMD EPYC without AMX, 2026-12-04, shared with a training run and tests (load 9-18): 12.8 min
+of wall time (1,600 steps, 16 TFLOP, in 558 s: 2.9 steps/s), 175 CPU-seconds in all, so about 1.5-3 min alone on
+2 cores (estimated from the CPU time, not measured alone). Validation sacreBLEU 26.95; test_2016_flickr sacreBLEU 28.21,
+lowercased tokenised 28.46. "A man in a red shirt is riding a bike." -> "Ein Mann in einem roten Hemd fährt auf
+einem Fahrrad."
+
+For tests, configs/smoke.py is the same route at a size that learns nothing.
 """
 import ml_collections
 
@@ -14,26 +22,13 @@ from configs import base
 
 def get_config() -> ml_collections.ConfigDict:
   config = base.get_config()
-  config.model.update(num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, max_length=32)
-
-  config.data.update(
-      dataset='multi30k',
-      manual_dir='/nonexistent/multi30k',  # Deliberately missing; see the docstring.
-      vocab_size=64,
-      tokenizer_train_sentences=10_000,
-      tokens_per_batch=256,
-      max_length=32,
-      bucket_lengths=(8, 16, 32),
-  )
-  config.train.update(
-      num_train_steps=4,
-      warmup_steps=2,
-      log_every_steps=1,
-      eval_every_steps=2,
-      checkpoint_every_steps=2,
-      max_checkpoints_to_keep=2,
-  )
-  config.decode.update(beam_size=2, extra_length=5)
-  config.eval.average_last_n = 2
-  config.benchmark.update(source_length=8, target_length=8, num_steps=2, decode_sentences=4)
+  config.model.update(num_layers=2, d_model=128, d_ff=512, num_heads=4, d_k=32, d_v=32, max_length=128,
+                      dtype='bfloat16', attention_product_dtype='compute')
+  config.data.update(dataset='multi30k', source_lang='en', target_lang='de', vocab_size=4000,
+                     tokenizer_train_sentences=60_000, tokens_per_batch=1024, max_length=128,
+                     bucket_lengths=(16, 32, 64, 128), packing=True)
+  config.train.update(num_train_steps=1600, warmup_steps=300, log_every_steps=100, eval_every_steps=800,
+                      checkpoint_every_steps=400, max_checkpoints_to_keep=4)
+  config.eval.update(average_last_n=2)
+  config.decode.update(alpha=1.0, tokens_per_batch=512)
   return config

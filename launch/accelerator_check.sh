@@ -42,7 +42,7 @@ fi
 
 if [[ $dry_run == 1 ]]; then
   export ACCELERATOR_CHECK_DRY_RUN=1 JAX_PLATFORMS=cpu
-  models=(configs/tiny.py configs/tiny.py)
+  models=(configs/smoke.py configs/smoke.py)
   sizes=(--config.benchmark.batch_size=8 --config.benchmark.num_steps=2 --config.benchmark.decode_sentences=4)
   long_run=(--config.benchmark.batch_size=8 --config.benchmark.num_steps=3 --config.benchmark.decode_sentences=2)
 else

@@ -93,7 +93,10 @@ _INTEGRATION_MODULES = {'test_notebook', 'test_multihost', 'test_shared_workdir'
 
 
 def pytest_collection_modifyitems(config, items):
-  del config
+  """Marks the end-to-end tests `integration`; gives tests marked `slow` 4x pyproject.toml's per-test timeout."""
+  slow_timeout = 4 * float(config.getini('timeout') or 0)
   for item in items:
     if _INTEGRATION_FIXTURES & set(getattr(item, 'fixturenames', ())) or item.module.__name__ in _INTEGRATION_MODULES:
       item.add_marker(pytest.mark.integration)
+    if slow_timeout and item.get_closest_marker('slow') and not item.get_closest_marker('timeout'):
+      item.add_marker(pytest.mark.timeout(slow_timeout))

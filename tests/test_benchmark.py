@@ -50,6 +50,33 @@ def test_measured_peak_keeps_the_highest_measurement(monkeypatch):
   flops_lib.peak_flops.cache_clear()
 
 
+@pytest.mark.parametrize(('load', 'shared'), [(0.6, False), (1.0, False), (3.5, True)])
+def test_a_peak_measured_under_load_says_so(monkeypatch, load, shared):
+  """On 2 CPUs a 1-minute load above 1 means other work shares them: the peak's source says so."""
+  flops_lib.peak_flops.cache_clear()
+  monkeypatch.setattr(flops_lib.os, 'getloadavg', lambda: (load, load, load))
+  monkeypatch.setattr(flops_lib.os, 'cpu_count', lambda: 2)
+  monkeypatch.setattr(flops_lib, 'measure_peak_flops', lambda dtype, size, repeats=10: 1.0e11)
+  peak = flops_lib.Peak(jnp.bfloat16, every_seconds=0.0)
+  assert (f'at load {load:.1f} on 2 CPUs (shared' in peak.source) is shared
+  flops_lib.peak_flops.cache_clear()
+
+
+def test_a_raised_peak_is_logged_with_its_load(monkeypatch):
+  flops_lib.peak_flops.cache_clear()
+  monkeypatch.setattr(flops_lib.os, 'getloadavg', lambda: (0.2, 0.2, 0.2))
+  measurements = iter([1.0e11, 3.0e11, 2.0e11])
+  monkeypatch.setattr(flops_lib, 'measure_peak_flops', lambda dtype, size, repeats=10: next(measurements))
+  lines = []
+  monkeypatch.setattr(flops_lib.logging, 'info', lambda fmt, *args: lines.append(fmt % args))
+  peak = flops_lib.Peak(jnp.bfloat16, every_seconds=0.0)
+  peak.remeasure()
+  peak.remeasure()  # Lower: kept silent.
+  assert len(lines) == 1 and lines[0].startswith(f'MFU peak raised to {0.3 * jax.device_count():.3g} TFLOP/s')
+  assert 'load' not in peak.source and peak.source.endswith('matmul again')
+  flops_lib.peak_flops.cache_clear()
+
+
 def test_table_peak_is_not_remeasured(monkeypatch):
   flops_lib.peak_flops.cache_clear()
   monkeypatch.setitem(flops_lib.KNOWN_PEAKS, jax.devices()[0].device_kind, 5.0e14)
@@ -114,7 +141,7 @@ def _run_benchmark(config, capsys):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize('name', ['tiny', 'multi30k'])
+@pytest.mark.parametrize('name', ['smoke', 'multi30k'])
 def test_benchmark_mode_runs(name, capsys):
   _run_benchmark(load_config(name), capsys)
 
@@ -123,7 +150,7 @@ def test_benchmark_mode_runs(name, capsys):
 def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, capsys):
   """The benchmark jits `train.jit_train_step` of a Build made by `experiment.compute_setup`: its optimiser honours
   every train.* optimiser field (it once built its own Adam, ignoring them)."""
-  config = load_config('tiny')
+  config = load_config('smoke')
   config.train.update(learning_rate_scale=3.0, adam_b1=0.8, adam_b2=0.9, adam_eps=1e-6, grad_clip_norm=0.5,
                       warmup_steps=7)
   used = []

@@ -331,7 +331,7 @@ def test_checkpoints_of_older_code_still_open_with_todays_fingerprint(tmp_path):
   agree with today's for the same architecture: those fields change no parameter or are at their defaults."""
   from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'tiny.py')
+  config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'smoke.py')
   model_cfg = config_checks.validate_config(config)
   today = fingerprint._fingerprint(config, model_cfg)  # pylint: disable=protected-access
   old_fields = ('vocab_size', 'num_layers', 'd_model', 'd_ff', 'num_heads', 'd_k', 'd_v', 'dropout_rate',

@@ -60,7 +60,7 @@ def table3_count(row: str) -> int:
 
 def test_every_config_file_is_covered():
   assert {name for name, _ in CONFIG_ARGS} == {path.name for path in CONFIG_FILES}
-  assert {'base.py', 'big.py', 'tiny.py', 'table3.py'} <= {name for name, _ in CONFIG_ARGS}
+  assert {'base.py', 'big.py', 'smoke.py', 'tiny.py', 'table3.py'} <= {name for name, _ in CONFIG_ARGS}
 
 
 @pytest.mark.parametrize('file_name, arg', CONFIG_ARGS)

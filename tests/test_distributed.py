@@ -66,7 +66,7 @@ def _main(tmp_path, env, *flags, timeout=120):
   clean = {k: v for k, v in os.environ.items() if not k.startswith(('JAX_', 'SLURM_', 'OMPI_', 'TPU_'))}
   clean |= {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=1', 'PYTHONPATH': str(REPO_ROOT)}
   start = time.monotonic()
-  result = subprocess.run([sys.executable, '-m', 'transformer_jax.main', '--config=configs/tiny.py',
+  result = subprocess.run([sys.executable, '-m', 'transformer_jax.main', '--config=configs/smoke.py',
                            f'--workdir={tmp_path / "run"}', *flags], cwd=REPO_ROOT, env=clean | env,
                           capture_output=True, text=True, timeout=timeout, check=False)
   return result, time.monotonic() - start

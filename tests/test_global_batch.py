@@ -182,8 +182,8 @@ def test_resume_on_another_topology_sees_every_sentence_once(before, after):
 ])
 def test_a_mesh_that_does_not_divide_the_model_fails_before_any_write(tmp_path, model_overrides, mesh_overrides,
                                                                       message):
-  from configs import tiny  # pylint: disable=g-import-not-at-top
-  config = tiny.get_config()
+  from configs import smoke  # pylint: disable=g-import-not-at-top
+  config = smoke.get_config()
   config.model.update(**model_overrides)
   config.mesh.update(**mesh_overrides)
   workdir = tmp_path / 'run'

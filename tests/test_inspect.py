@@ -21,7 +21,7 @@ from transformer_jax.training.state import TrainState
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY = tiny_runs.tiny_model_fields()  # configs/tiny.py's model.
+TINY = tiny_runs.tiny_model_fields()  # configs/smoke.py's model.
 SOURCE = [5, 6, 7, 8, tokenizer_lib.EOS_ID, 0, 0]       # Two padding positions.
 DECODER_INPUT = [tokenizer_lib.BOS_ID, 9, 10, 11, 0]    # One padding position.
 
@@ -195,7 +195,7 @@ def test_restore_params_errors(tmp_path):
 def test_load_config_from_files_and_workdir(tmp_path):
   b1 = workdir_lib.load_config(f'{REPO_ROOT}/configs/table3.py:B1')
   assert (b1.model.d_k, b1.model.d_v) == (16, 64)
-  tiny = workdir_lib.load_config(REPO_ROOT / 'configs' / 'tiny.py')
+  tiny = workdir_lib.load_config(REPO_ROOT / 'configs' / 'smoke.py')
   assert workdir_lib.load_config(tiny) is tiny
   workdir_lib.save_config(tiny, tmp_path)
   for source in (tmp_path, tmp_path / 'config.json'):
@@ -210,7 +210,7 @@ def test_load_run_and_sentence_attention(tmp_path):
   words = ['a', 'dog', 'runs', 'the', 'cat', 'sleeps', 'ein', 'hund', 'rennt', 'die', 'katze', 'schläft']
   sentences = [' '.join(words[(i + j) % len(words)] for j in range(4)) for i in range(200)]
   tokenizer = tokenizer_lib.train_or_load(tmp_path, lambda: sentences, vocab_size=300, max_sentences=1000)
-  config = workdir_lib.load_config(REPO_ROOT / 'configs' / 'tiny.py')
+  config = workdir_lib.load_config(REPO_ROOT / 'configs' / 'smoke.py')
   config.data.vocab_size = 300
   workdir_lib.save_config(config, tmp_path)
   # As a run trained before decode.early_stopping and decode.tokens_per_batch existed stored it.
@@ -288,7 +288,7 @@ def figure_titles(figure):
 def test_plots_write_pngs(tiny, tmp_path):
   cfg, _, maps = tiny
   write_events(tmp_path / 'events.out.tfevents.1.host', range(1, 9))
-  config = workdir_lib.load_config(REPO_ROOT / 'configs' / 'tiny.py')
+  config = workdir_lib.load_config(REPO_ROOT / 'configs' / 'smoke.py')
   scalars = inspection.read_scalars(tmp_path)
   figures = {
       'positional_encoding': plots.positional_encoding_figure(60, cfg.d_model),

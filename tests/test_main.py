@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from configs import multi30k
+from transformer_jax import errors
 from transformer_jax import logs
 from transformer_jax.storage import workdir as workdir_lib
 
@@ -47,7 +48,7 @@ def main_raising(error: str, *flags, cwd: pathlib.Path) -> subprocess.CompletedP
       runpy.run_module('transformer_jax.main', run_name='__main__')
       """))
   env = {**os.environ, 'PYTHONPATH': str(packages), 'TRANSFORMER_JAX_ALLOCATOR': 'system'}
-  return subprocess.run([sys.executable, str(driver), f'--config={REPO_ROOT}/configs/tiny.py', '--mode=config',
+  return subprocess.run([sys.executable, str(driver), f'--config={REPO_ROOT}/configs/smoke.py', '--mode=config',
                          *flags], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -120,6 +121,23 @@ def test_misspelt_field_is_one_line_with_the_closest_name(tmp_path):
       'lists every field)']
 
 
+def test_a_missing_config_file_names_it_and_the_configs(tmp_path, monkeypatch):
+  """Checked before absl parses --config (ml_collections' own message names no configs); main prints a UserError
+  as one line (test_user_errors_are_their_message_without_a_traceback)."""
+  from transformer_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, 'path', list(sys.path))  # prepare_argv adds the config's folders.
+  with pytest.raises(FileNotFoundError) as error:
+    main_lib.prepare_argv(['main', '--config=configs/multi30.py:fr', f'--workdir={tmp_path}/run'])
+  assert isinstance(error.value, errors.UserError)
+  message = str(error.value)
+  assert message.startswith(f'--config=configs/multi30.py: no such file (from {tmp_path}); the configs in '
+                            f'{REPO_ROOT}/configs: base.py, big.py, multi30k.py, ')
+  assert 'smoke.py' in message and 'tiny.py' in message and '__init__' not in message
+  assert main_lib.prepare_argv(['main', f'--config={REPO_ROOT}/configs/tiny.py'])[1:] == [
+      f'--config={REPO_ROOT}/configs/tiny.py']
+
+
 @pytest.mark.integration
 def test_user_errors_are_their_message_without_a_traceback(tmp_path):
   process = main(f'--config={REPO_ROOT}/configs/multi30k.py', f'--workdir={tmp_path}/run', '--config.data.manual_dir=typo',
@@ -127,7 +145,8 @@ def test_user_errors_are_their_message_without_a_traceback(tmp_path):
   assert process.returncode == 1
   assert 'Traceback' not in process.stderr
   assert process.stderr.strip().splitlines()[-2:] == [
-      f'FileNotFoundError: data.manual_dir: the folder {tmp_path}/typo does not exist.',
+      f'FileNotFoundError: data.manual_dir: the folder {tmp_path}/typo does not exist; for en-de it must hold '
+      'train.en.gz, train.de.gz, val.en.gz, val.de.gz, test_2016_flickr.en.gz, test_2016_flickr.de.gz.',
       '(--verbosity=1 shows the traceback)']
   assert not (tmp_path / 'run').exists()
   verbose = main(f'--config={REPO_ROOT}/configs/multi30k.py', f'--workdir={tmp_path}/run',
@@ -155,7 +174,7 @@ def test_report_and_sweep_help_exit_zero(tmp_path):
 
 
 def test_a_mode_that_needs_a_workdir_says_so_in_one_line(tmp_path):
-  process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=evaluate', cwd=tmp_path)
+  process = main(f'--config={REPO_ROOT}/configs/smoke.py', '--mode=evaluate', cwd=tmp_path)
   assert process.returncode == 1
   assert process.stderr.strip().splitlines() == [
       "--workdir is required for --mode=evaluate (the run's folder; --help for usage)"]
@@ -172,7 +191,7 @@ def test_library_info_records_are_dropped_and_their_warnings_kept():
 
 @pytest.mark.integration
 def test_compile_for_an_unknown_tpu_slice_is_one_line_without_a_workdir(tmp_path):
-  process = main(f'--config={REPO_ROOT}/configs/tiny.py', '--mode=compile', '--config.compile.topology=v5e-7',
+  process = main(f'--config={REPO_ROOT}/configs/smoke.py', '--mode=compile', '--config.compile.topology=v5e-7',
                  cwd=tmp_path)
   assert process.returncode == 1 and [p.name for p in tmp_path.iterdir()] == ['packages']  # Nothing written.
   lines = process.stderr.strip().splitlines()

@@ -12,7 +12,7 @@ from transformer_jax.training import experiment
 from transformer_jax.training import memory
 from transformer_jax.training import train
 
-from configs import tiny  # pylint: disable=g-bad-import-order
+from configs import smoke  # pylint: disable=g-bad-import-order
 
 
 def limit_memory(monkeypatch, nbytes):
@@ -44,7 +44,7 @@ def test_host_memory_is_shared_by_the_cpu_devices():
 
 
 def _tiny_benchmark_config(batch_size):
-  config = tiny.get_config()
+  config = smoke.get_config()
   config.benchmark.update(batch_size=batch_size, source_length=8, target_length=8, num_steps=1, decode_sentences=2)
   config.decode.extra_length = 2
   return config
@@ -78,7 +78,7 @@ def test_benchmark_stops_naming_the_fields_when_no_batch_fits(monkeypatch):
 
 @pytest.mark.integration
 def test_train_step_check_names_the_batch_fields(monkeypatch):
-  config = tiny.get_config()
+  config = smoke.get_config()
   s = experiment.compute_setup(config)
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[8, 32\] needs .*'
@@ -90,7 +90,7 @@ def test_train_step_check_names_the_batch_fields(monkeypatch):
 def test_train_step_check_takes_the_longest_of_the_shapes_training_feeds(monkeypatch):
   # A packed run feeds one shape; the check compiles that one (which training then reuses), not the config's
   # longest bucket.
-  config = tiny.get_config()
+  config = smoke.get_config()
   s = experiment.compute_setup(config)
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[16, 24\] needs'):

@@ -12,7 +12,7 @@ from transformer_jax.training import losses
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 VOCAB = 64
-TINY = tiny_runs.tiny_model_fields()  # configs/tiny.py's model.
+TINY = tiny_runs.tiny_model_fields()  # configs/smoke.py's model.
 # Two sentences, 0-padded, ending in EOS (2); decoder inputs start with BOS (1).
 SOURCE = np.array([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]], np.int32)
 DECODER_INPUT = np.array([[1, 12, 13, 14, 15], [1, 16, 17, 18, 0]], np.int32)

@@ -69,6 +69,14 @@ def test_check_manual_dir_lists_needed_files(tmp_path):
   assert 'test_2016_flickr.fr.gz' in message and str(tmp_path) in message
 
 
+def test_a_missing_manual_dir_names_the_folder_and_the_files_it_must_hold(tmp_path):
+  with pytest.raises(FileNotFoundError) as error:
+    multi30k.check_manual_dir(tmp_path / 'typo', ('en', 'fr'))
+  assert str(error.value) == (f'data.manual_dir: the folder {tmp_path}/typo does not exist; for en-fr it must hold '
+                              'train.en.gz, train.fr.gz, val.en.gz, val.fr.gz, test_2016_flickr.en.gz, '
+                              'test_2016_flickr.fr.gz.')
+
+
 def test_builder_manual_dir_missing_files(tmp_path):
   manual_dir = tmp_path / 'manual'
   manual_dir.mkdir()

@@ -41,11 +41,11 @@ TIMEOUT_SECS = 600  # Compiling on a shared 2-core machine; normally ~20 s.
 
 
 def _config():
-  """configs/tiny.py with one layer on a (data=2, fsdp=2) mesh."""
+  """configs/smoke.py with one layer on a (data=2, fsdp=2) mesh."""
   if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
-  from configs import tiny  # pylint: disable=g-import-not-at-top
-  config = tiny.get_config()
+  from configs import smoke  # pylint: disable=g-import-not-at-top
+  config = smoke.get_config()
   config.model.num_layers = 1
   config.mesh.update(data=2, fsdp=2, tensor=1)
   return config

@@ -1,6 +1,6 @@
 """What a training run does when things go wrong: signals, kill -9, damaged checkpoints, NaN, bad configs and inputs.
 
-Every test runs configs/tiny.py on the synthetic corpus of tiny_runs.py, checks what the workdir holds
+Every test runs configs/smoke.py on the synthetic corpus of tiny_runs.py, checks what the workdir holds
 afterwards and, where a run is resumed, that its batches and metrics equal those of an uninterrupted run.
 """
 import json
@@ -247,6 +247,22 @@ def test_bad_config_value_fails_before_anything_is_written(tmp_path, corpus, sec
   with pytest.raises(ValueError, match=match):
     train.train_and_evaluate(config, str(workdir))
   assert not workdir.exists()
+
+
+def test_a_vocabulary_the_corpus_cannot_fill_leaves_no_folder_behind(tmp_path, corpus):
+  """The vocabulary size is checked by training the vocabulary, after the workdir and checkpoints/ exist: the
+  folders this run created go again, and an existing workdir keeps only what it held."""
+  config = text_config(corpus)
+  config.data.vocab_size = 100  # The synthetic corpus needs 286 pieces (tiny_runs.VOCAB_SIZE).
+  workdir = tmp_path / 'run'
+  with pytest.raises(ValueError, match=r'data\.vocab_size=100 does not fit this corpus: .* 100 vs 2\d\d'):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('mine')
+  with pytest.raises(ValueError, match=r'data\.vocab_size=100 does not fit'):
+    train.train_and_evaluate(config, str(workdir))
+  assert sorted(p.name for p in workdir.iterdir()) == ['notes.txt']
 
 
 def test_bpe_dropout_needs_a_bpe_vocabulary(corpus):

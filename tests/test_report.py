@@ -33,7 +33,8 @@ def fake_run(workdir: pathlib.Path, row: str, metrics: dict | None = None, exit_
 
 def finished(perplexity, num_params=10_000_000):
   return {'perplexity': perplexity, 'validation_bleu': 30.0, 'bleu': 31.5, 'num_params': num_params,
-          'train_wall_seconds': 120.0, 'train_steps': 600, 'checkpoint_steps': [400, 500, 600]}
+          'train_wall_seconds': 120.0, 'train_steps': 600, 'checkpoint_steps': [400, 500, 600],
+          'mfu': 0.25, 'train_steps_seconds': 100.0, 'peak_flops': 4e12}
 
 
 def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
@@ -50,7 +51,7 @@ def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
   assert list(records)[:len(table3_multi30k.ROWS)] == list(table3_multi30k.ROWS) and 'scratch' in records
   assert records['base']['status'] == 'finished' and records['base']['params_millions'] == pytest.approx(12.345678)
   assert records['base']['dev_perplexity'] == 9.0 and records['base']['test_bleu'] == 31.5
-  assert records['base']['train_minutes'] == pytest.approx(2.0) and records['base']['train_steps'] == 600
+  assert records['base']['train_tflop'] == pytest.approx(100.0) and records['base']['train_steps'] == 600
   assert records['A1']['num_heads'] == 1 and records['A1']['d_k'] == 256  # From the run's config.json.
   assert records['B1']['status'] == 'unfinished' and records['B1']['dev_perplexity'] is None
   assert records['B1']['train_steps'] == 185  # What it trained, not its config's goal.
@@ -62,10 +63,50 @@ def test_report_lists_finished_unfinished_failed_and_missing_rows(tmp_path):
       pytest.approx(1.0))
   assert "Spearman rank correlation of dev perplexity with the paper's: 1.00 over 4 rows (p = 0.000)." in text
   header = text.splitlines()[0]
-  for column in ('dev PPL', 'dev BLEU', 'test BLEU', 'params', 'train min', 'paper PPL', 'P_drop', 'ε_ls'):
+  for column in ('dev PPL', 'dev BLEU', 'test BLEU', 'params', 'train TFLOP', 'paper PPL', 'P_drop', 'ε_ls'):
     assert column in header
   assert (tmp_path / 'table3.png').stat().st_size > 1000
   assert (tmp_path / 'table3.csv').read_text().count('\n') == len(records) + 1
+
+
+def test_training_cost_is_its_flops_whatever_the_wall_time(tmp_path):
+  """A seed paused (SIGSTOP) for an hour of its training loop has 5x the seconds and a fifth of the MFU: the same
+  FLOPs. A run resumed only to be evaluated (mfu 0, as its last invocation trained nothing) has no figure."""
+  fake_run(tmp_path / 'base', 'base', finished(9.0))
+  fake_run(tmp_path / 'base.seed1', 'base', finished(9.2) | {'mfu': 0.05, 'train_steps_seconds': 500.0,
+                                                             'train_wall_seconds': 3720.0})
+  fake_run(tmp_path / 'A1', 'A1', finished(9.5) | {'mfu': 0.0, 'train_steps_seconds': 0.0003})
+  # Resumed at step 450 of 600: its last invocation trained a quarter of the run's FLOPs.
+  fake_run(tmp_path / 'C1', 'C1', finished(12.0) | {'mfu': 0.25, 'train_steps_seconds': 30.0, 'first_step': 450})
+  # An older record, resumed, without first_step: a lower bound; the row takes its largest seed.
+  fake_run(tmp_path / 'C1.seed1', 'C1', finished(12.2) | {'mfu': 0.25, 'train_steps_seconds': 10.0})
+  report.write_report(tmp_path, ROWS_FILE)
+  records = {r['row']: r for r in json.loads((tmp_path / 'table3.json').read_text())['rows']}
+  assert records['base']['train_tflop_values'] == [pytest.approx(100.0), pytest.approx(100.0)]
+  assert records['base']['train_tflop'] == pytest.approx(100.0) and records['base']['train_tflop_std'] is None
+  assert records['A1']['train_tflop'] is None
+  assert records['C1']['train_tflop_values'] == [pytest.approx(120.0), pytest.approx(10.0)]
+  assert records['C1']['train_tflop'] == pytest.approx(120.0)
+
+
+def test_plot_puts_ours_and_the_papers_on_one_axis_relative_to_base(tmp_path, monkeypatch):
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fake_run(tmp_path / 'base', 'base', finished(9.0) | {'validation_bleu': 30.0})
+  fake_run(tmp_path / 'C1', 'C1', finished(12.0) | {'validation_bleu': 27.0})
+  records = report.collect(tmp_path, report.load_rows_module(ROWS_FILE))
+  figures = []
+  monkeypatch.setattr(plt, 'close', figures.append)
+  report.plot_rows(records, tmp_path / 'table3.png')
+  (figure,) = figures
+  assert len(figure.axes) == 2  # One axis per panel: no second y-axis for the paper.
+  perplexity = figure.axes[0]
+  points = {line.get_label(): line.get_ydata() for line in perplexity.get_lines()}
+  paper = list(points['paper (newstest2013)'])
+  rows = [r['row'] for r in records if r['dev_perplexity'] is not None or r['paper_ppl_dev'] is not None]
+  assert paper[rows.index('base')] == pytest.approx(1.0)
+  assert paper[rows.index('C1')] == pytest.approx(6.11 / 4.92)  # The paper's C1 over its base.
+  ours = [c for c in perplexity.containers][0].lines[0].get_ydata()  # errorbar: (data line, caps, bars).
+  assert list(ours)[:2] == [pytest.approx(1.0), pytest.approx(12.0 / 9.0)]
 
 
 def test_seeds_are_averaged_and_rows_differ_from_base_with_an_interval(tmp_path):

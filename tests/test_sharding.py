@@ -31,11 +31,11 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
   sys.path.insert(0, str(REPO_ROOT))  # Configs do `from configs import base`, as when run from the root.
 from configs import base  # pylint: disable=g-import-not-at-top,wrong-import-position
-from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import smoke  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 VOCAB = 64
-# One layer of configs/tiny.py: compile time, which dominates these tests on CPU, grows with the layer count.
-MODEL = model_lib.Transformer(model_lib.ModelConfig(vocab_size=VOCAB, **(dict(tiny.get_config().model)
+# One layer of configs/smoke.py: compile time, which dominates these tests on CPU, grows with the layer count.
+MODEL = model_lib.Transformer(model_lib.ModelConfig(vocab_size=VOCAB, **(dict(smoke.get_config().model)
                                                                          | dict(num_layers=1))))
 # Adam's first steps move every parameter by about +-lr whatever the gradient's size (m / sqrt(v) = sign(g)), so
 # with the paper's eps=1e-9 an entry whose exact gradient is 0 (some key-projection directions: softmax ignores a
@@ -263,7 +263,7 @@ def test_checkpoint_saved_on_8_devices_restores_on_4_and_1(tmp_path, initial_sta
 
 
 def test_largest_batch_shape_is_the_longest_bucket_at_tokens_per_batch():
-  assert memory.largest_batch_shape(tiny.get_config().data, num_shards=8) == (8, 32)
+  assert memory.largest_batch_shape(smoke.get_config().data, num_shards=8) == (8, 32)
   # 25000 // 256 = 97 rows, padded with empty rows to a multiple of the 8 shards (the pipeline's global batch).
   assert memory.largest_batch_shape(base.get_config().data, num_shards=8) == (104, 256)
 
@@ -277,7 +277,7 @@ def test_collective_counts_reads_sync_and_async_ops():
 
 @pytest.mark.integration
 def test_compile_only_reports_per_device_memory_flops_and_collectives(tmp_path, capsys):
-  config = tiny.get_config()
+  config = smoke.get_config()
   config.model.num_layers = 1
   config.mesh.update(data=8, fsdp=1, tensor=1)
   figures = aot.compile_only(config, str(tmp_path / 'aot'))

@@ -11,7 +11,7 @@ from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import summary
 import tiny_runs  # pylint: disable=g-bad-import-order
 
-TINY = tiny_runs.tiny_model_fields(vocab_size=64)  # configs/tiny.py's model.
+TINY = tiny_runs.tiny_model_fields(vocab_size=64)  # configs/smoke.py's model.
 ROW = re.compile(r'^(?P<indent> *)(?P<name>\S.*?)\s+(?P<count>[\d,]+)\s+[\d.]+%$')
 
 

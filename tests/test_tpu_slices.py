@@ -18,7 +18,7 @@ from transformer_jax.training import memory
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
   sys.path.insert(0, str(REPO_ROOT))
-from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import smoke  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                                   reason="libtpu is not installed (pip install -e '.[tpu]')")
@@ -58,7 +58,7 @@ def test_without_libtpu_the_error_names_the_extra(monkeypatch):
 
 
 def test_find_fit_tries_grad_accum_then_fsdp_and_stops_at_the_first_fit(monkeypatch):
-  config = tiny.get_config()  # Longest bucket 32: 8 rows, 2 per data shard on 4 chips.
+  config = smoke.get_config()  # Longest bucket 32: 8 rows, 2 per data shard on 4 chips.
   tried = []
 
   def fake_compile(candidate, slice_, devices):
@@ -77,7 +77,7 @@ def test_find_fit_tries_grad_accum_then_fsdp_and_stops_at_the_first_fit(monkeypa
 
 
 def test_find_fit_resolves_a_mesh_axis_of_minus_one():
-  config = tiny.get_config()  # 8 rows at the longest bucket.
+  config = smoke.get_config()  # 8 rows at the longest bucket.
   config.mesh.update(data=2, fsdp=-1, tensor=1)  # fsdp=4: 8 shards of one row each, no room for micro-batches.
   assert aot._candidates(config, 8) == [{'mesh.fsdp': 8, 'mesh.data': -1}]
   config.mesh.update(data=-1, fsdp=1, tensor=2)  # 4 data shards: 2 rows each, fsdp up to 4.
@@ -86,7 +86,7 @@ def test_find_fit_resolves_a_mesh_axis_of_minus_one():
 
 
 def test_compile_mode_exits_through_does_not_fit_after_the_report(monkeypatch, capsys):
-  config = tiny.get_config()
+  config = smoke.get_config()
   config.compile.topology = 'v5e-4'
   figures = {'slice': 'v5e-4', 'hbm_bytes': 16 * 2**30, 'fits': False,
              'fit': {'overrides': {'mesh.fsdp': 2, 'mesh.data': -1}, 'total_in_bytes': 2**30, 'compile_seconds': 1.0}}
@@ -122,7 +122,7 @@ def test_roofline_takes_the_slower_of_compute_and_hbm():
 @pytest.mark.integration
 @needs_libtpu
 def test_tiny_model_compiles_for_a_v5e_slice():
-  config = tiny.get_config()
+  config = smoke.get_config()
   config.compile.topology = 'v5e-4'
   figures = aot.compile_for_slice(config)
   assert figures['device_kind'] == 'TPU v5 lite' and figures['devices'] == 4
@@ -141,7 +141,7 @@ def test_tiny_model_compiles_for_a_v5e_slice():
 
 @needs_libtpu
 def test_a_model_too_large_for_the_chip_is_reported_with_the_fields_to_change():
-  config = tiny.get_config()
+  config = smoke.get_config()
   config.model.update(num_layers=1, d_model=8192)
   config.data.vocab_size = 131072  # 1.08e9 parameters: 12 GiB of float32 state with Adam's moments.
   config.compile.update(topology='v5e-4', find_fit=False)
@@ -159,7 +159,7 @@ def test_a_model_too_large_for_the_chip_is_reported_with_the_fields_to_change():
 @needs_libtpu
 @pytest.mark.slow
 def test_find_fit_compiles_until_the_large_model_fits():
-  config = tiny.get_config()
+  config = smoke.get_config()
   config.model.update(num_layers=1, d_model=8192)
   config.data.vocab_size = 131072
   config.compile.topology = 'v5e-4'

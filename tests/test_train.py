@@ -1,7 +1,7 @@
 """Tests for transformer_jax.training.train: the steps learn and are deterministic, main runs end to end, resuming
 is exact.
 
-End-to-end runs use configs/tiny.py on a synthetic word-for-word "translation" corpus written to a temporary
+End-to-end runs use configs/smoke.py on a synthetic word-for-word "translation" corpus written to a temporary
 folder (dataset='text'), so they need neither the network nor the real corpus; one test trains on the real
 Multi30k corpus through TFDS. They share a persistent XLA compilation cache: the first run compiles the steps,
 the others load them from disk. The corpus, runs and fixtures are shared with test_reliability.py
@@ -38,7 +38,7 @@ from tiny_runs import main_command
 from tiny_runs import read_events
 from tiny_runs import record_batches
 from tiny_runs import REPO_ROOT
-from tiny_runs import tiny
+from tiny_runs import smoke
 from tiny_runs import SPLITS
 from tiny_runs import subprocess_env
 from tiny_runs import text_config
@@ -96,7 +96,7 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
     return original(state, batch, **kwargs)
 
   monkeypatch.setattr(train, 'train_step', counting_train_step)
-  config = tiny.get_config()
+  config = smoke.get_config()
   config.data.vocab_size = VOCAB_SIZE
   model_cfg = config_checks.validate_config(config)
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
@@ -173,7 +173,7 @@ def test_main_end_to_end_on_text_files(tmp_path, corpus, compilation_cache_dir):
 
 @pytest.mark.slow  # TFDS prepares Multi30k (29,000 pairs) into a temporary folder first: about a minute.
 def test_trains_a_few_steps_on_multi30k(tmp_path, multi30k_dir, caplog):
-  config = tiny.get_config()
+  config = smoke.get_config()
   config.data.update(manual_dir=str(multi30k_dir), tfds_data_dir=str(tmp_path / 'tfds'), vocab_size=VOCAB_SIZE,
                      max_length=32, bucket_lengths=(32,))
   config.train.update(translate_at_end=False)

@@ -1,6 +1,6 @@
 """The synthetic corpus and tiny training runs that test_train.py and test_reliability.py share.
 
-configs/tiny.py on a word-for-word "translation" corpus written to a temporary folder (dataset='text'): no
+configs/smoke.py on a word-for-word "translation" corpus written to a temporary folder (dataset='text'): no
 network, no real corpus. The fixtures that build them are in conftest.py.
 """
 import dataclasses
@@ -16,7 +16,7 @@ from transformer_jax.data import train_iterator
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
   sys.path.insert(0, str(REPO_ROOT))  # Configs do `from configs import base`, as when run from the root.
-from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import smoke  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 VOCAB_SIZE = 384  # Byte fallback, specials and the corpus's characters take 286; 384 keeps sentences < 20 pieces.
 NUM_STEPS = 6     # Checkpoints (every 2 steps, 2 kept) end at steps 4 and 6.
@@ -27,9 +27,9 @@ COMPARED_TAGS = re.compile(r'^(train/(loss|nll|accuracy|perplexity|learning_rate
 
 
 def tiny_model_fields(**overrides) -> dict:
-  """configs/tiny.py's model section (the tiny model the tests build: N=2, d_model=32, h=4, d_k=d_v=8), as
+  """configs/smoke.py's model section (the tiny model the tests build: N=2, d_model=32, h=4, d_k=d_v=8), as
   `transformer.ModelConfig` keyword arguments, with `overrides` (e.g. vocab_size=64, num_layers=1)."""
-  return dict(tiny.get_config().model) | overrides
+  return dict(smoke.get_config().model) | overrides
 
 
 def synthetic_pairs(num_pairs: int, seed: int) -> list[tuple[str, str]]:
@@ -59,8 +59,8 @@ def write_corpus(folder: pathlib.Path) -> dict[str, str]:
 
 
 def text_config(corpus: dict[str, str], **train_overrides):
-  """configs/tiny.py on the synthetic corpus: one batch shape [8, 32], NUM_STEPS steps, no decoding."""
-  config = tiny.get_config()
+  """configs/smoke.py on the synthetic corpus: one batch shape [8, 32], NUM_STEPS steps, no decoding."""
+  config = smoke.get_config()
   config.data.update(dataset='text', vocab_size=VOCAB_SIZE, max_length=32, bucket_lengths=(32,), **corpus)
   config.train.update(num_train_steps=NUM_STEPS, translate_at_end=False)
   config.train.update(**train_overrides)
@@ -73,7 +73,7 @@ def config_flags(corpus: dict[str, str], **train_overrides) -> list[str]:
             'data.bucket_lengths': '(32,)', 'train.num_train_steps': NUM_STEPS, 'train.translate_at_end': False,
             **{f'data.{key}': value for key, value in corpus.items()},
             **{f'train.{key}': value for key, value in train_overrides.items()}}
-  return [f'--config={REPO_ROOT / "configs" / "tiny.py"}'] + [f'--config.{k}={v}' for k, v in values.items()]
+  return [f'--config={REPO_ROOT / "configs" / "smoke.py"}'] + [f'--config.{k}={v}' for k, v in values.items()]
 
 
 def read_events(workdir) -> dict[str, dict[int, float]]:

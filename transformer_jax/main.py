@@ -33,6 +33,7 @@ if __name__ == '__main__':
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 from ml_collections import config_flags
 
@@ -110,15 +111,18 @@ def main(argv):
     print(summary.summarize(config_checks.model_config(config)))
     return
   if mode == 'benchmark':
+    _log_start(mode, workdir)
     from transformer_jax.tools import benchmark  # pylint: disable=g-import-not-at-top
     benchmark.run(config)
     return
   if mode == 'compile':  # --workdir is optional: it only receives compile.json.
+    _log_start(mode, workdir)
     from transformer_jax.tools import aot  # pylint: disable=g-import-not-at-top
     aot.compile_only(config, workdir)
     return
   if workdir is None:
     sys.exit(f'--workdir is required for --mode={mode} (the run\'s folder; --help for usage)')
+  _log_start(mode, workdir)
   from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
   from transformer_jax.training import distributed  # pylint: disable=g-import-not-at-top
   from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
@@ -147,6 +151,13 @@ def main(argv):
   elif mode == 'export':
     from transformer_jax.tools import export  # pylint: disable=g-import-not-at-top
     export.export_run(config, workdir, flags.FLAGS.output)
+
+
+def _log_start(mode: str, workdir: str | None) -> None:
+  """The command's first line, before the imports and the backend's start-up (seconds on a busy 2-core CPU);
+  the next names the backend and devices."""
+  logging.info('transformer_jax --mode=%s%s: starting (imports and the backend take a few seconds).', mode,
+               f' --workdir={workdir}' if workdir else '')
 
 
 def _decoding_grid() -> tuple[list[int], list[float], list]:
@@ -194,11 +205,13 @@ def prepare_argv(argv: list[str]) -> list[str]:
   Raises:
     SystemExit: with a message, when --config is left out and the workdir holds no run, or a damaged
       config.json or config_changes.json (one line naming the file).
+    errors.MissingFileError: when the --config file does not exist, naming it and the configs there are.
   """
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   roots = [pathlib.Path(__file__).resolve().parents[1]]
   config = _flag_value(argv, 'config')
   if config:
+    _check_config_file(config.split(':')[0], roots[0] / 'configs')
     roots.append(pathlib.Path(config.split(':')[0]).resolve().parents[1])
   for root in roots:
     if str(root) not in sys.path:
@@ -215,6 +228,17 @@ def prepare_argv(argv: list[str]) -> list[str]:
     sys.exit('--config is required' + (f': --workdir={workdir} holds no run (no config.json)' if workdir else '')
              + '; e.g. --config=configs/multi30k.py (--help for usage)')
   return argv
+
+
+def _check_config_file(path: str, configs_dir: pathlib.Path) -> None:
+  """Raises errors.MissingFileError naming `path` and the configs in `configs_dir` when `path` is not a file
+  (ml_collections would report it as 'Failed loading config file config_config' when the config is first read)."""
+  if pathlib.Path(path).is_file():
+    return
+  shown = os.path.relpath(configs_dir) if configs_dir.resolve().is_relative_to(pathlib.Path.cwd()) else configs_dir
+  names = ', '.join(sorted(p.name for p in configs_dir.glob('*.py') if not p.name.startswith('_')))
+  raise errors.MissingFileError(f'--config={path}: no such file (from {os.getcwd()}); the configs in {shown}: '
+                                f'{names or "none"}')
 
 
 def _print_help_and_exit(argv: list[str]) -> None:

@@ -134,7 +134,7 @@ def check_manual_dir(manual_dir: str | os.PathLike[str], languages: Sequence[str
     languages: the languages that must be there, e.g. ('en', 'de') for an English-German run.
 
   Raises:
-    errors.MissingFileError: naming the absolute path, when the folder does not exist.
+    errors.MissingFileError: naming the absolute path and the files it must hold, when the folder does not exist.
     errors.ConfigError: for a missing file, or a language Multi30k does not have.
   """
   manual_dir, languages = epath.Path(manual_dir), check_languages(languages)
@@ -142,7 +142,8 @@ def check_manual_dir(manual_dir: str | os.PathLike[str], languages: Sequence[str
     given = os.fspath(manual_dir)
     shown = os.path.abspath(given) if '://' not in given else given
     relative = f' (given as {given!r}, relative to {os.getcwd()})' if shown != given else ''
-    raise errors.MissingFileError(f'data.manual_dir: the folder {shown} does not exist{relative}.')
+    raise errors.MissingFileError(f'data.manual_dir: the folder {shown} does not exist{relative}; for '
+                                  f'{"-".join(languages)} it must hold {", ".join(file_names(languages))}.')
   needed = file_names(languages)
   missing = [name for name in needed if not (manual_dir / name).exists()]
   if missing:

@@ -13,7 +13,6 @@ import concurrent.futures
 import contextlib
 import functools
 import os
-import time
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from absl import logging
@@ -24,6 +23,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax import logs
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.decoding import backends
 from transformer_jax.decoding import beam
@@ -406,7 +406,8 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
       (`decode_batch_compacted`, same output); 0: one compiled search per batch (`decode_batch`).
     concurrent_batches: on one device, batches decoded at once (each on its own thread; the output is the
       same); 0: `concurrent_batches_for`'s choice. Over several devices batches go one at a time.
-    log_every_seconds: how often a progress line (sentences done, rate, time left) is logged.
+    log_every_seconds: how often a progress line (sentences done, rate, time left) is logged while decoding
+      (from a thread, whether or not a batch has finished); the rate leaves out the first batch's compilation.
 
   Returns:
     num_sentences int32 arrays [src_len + extra_length] of token ids, PAD after EOS.
@@ -432,15 +433,13 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
       model=model, beam_size=beam_size, alpha=alpha, extra_length=extra_length, early_stopping=early_stopping,
       backend=backend)
   outputs: list[np.ndarray | None] = [None] * num_sentences
-  start = last_log = time.perf_counter()
-  for tokens, index in _map_in_order(decode_one, batches, workers):
-    for row in np.flatnonzero(index >= 0):
-      outputs[int(index[row])] = tokens[row]
-    if jax.process_index() == 0 and time.perf_counter() - last_log > log_every_seconds:
-      done, seconds = sum(x is not None for x in outputs), time.perf_counter() - start
-      logging.info('Decoded %d of %d sentences in %.0f s (%.1f sentences/s, about %.0f s left).', done,
-                   num_sentences, seconds, done / seconds, (num_sentences - done) * seconds / max(done, 1))
-      last_log = time.perf_counter()
+  countdown = logs.Countdown(num_sentences, 'sentences')
+  with logs.heartbeat(lambda _: f'Decoded {countdown.line()}.', log_every_seconds, jax.process_index() == 0):
+    for tokens, index in _map_in_order(decode_one, batches, workers):
+      rows = np.flatnonzero(index >= 0)
+      for row in rows:
+        outputs[int(index[row])] = tokens[row]
+      countdown.add(len(rows))
   missing = [i for i, tokens in enumerate(outputs) if tokens is None]
   if missing:
     raise ValueError(f'{len(missing)} sentences got no translation, first at line {missing[0] + 1}')

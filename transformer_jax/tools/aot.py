@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from transformer_jax import errors
+from transformer_jax import logs
 from transformer_jax.model import sharding
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import tpu_slices
@@ -87,10 +88,12 @@ def compile_train_step(config, devices=None) -> tuple[Any, dict[str, Any]]:
       'num_params': int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))),
       'model_flops': flops.train_step_flops(setup.model.cfg, shape[0], shape[1], shape[1])}
   start = time.perf_counter()
-  with setup.mesh_context():
-    lowered = train_fn.lower(abstract_state, batch)
+  logging.info('Compiling the train step for %d x %s, batch [%d, %d] per side, %s (minutes for the paper\'s '
+               'models on a 2-core CPU).', setup.mesh.size, figures['device_kind'], *shape, config.model.dtype)
   try:
-    compiled = lowered.compile()
+    with setup.mesh_context(), logs.heartbeat(lambda s: f'Compiling the train step: {s:.0f} s so far.'):
+      lowered = train_fn.lower(abstract_state, batch)
+      compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as error:
     if 'RESOURCE_EXHAUSTED' not in str(error):
       raise
@@ -278,6 +281,10 @@ def compile_only(config, workdir: str | None) -> dict[str, Any]:
     memory.DoesNotFitError: after the report, when the step does not fit the chips of `compile.topology`
       (so that launchers stop before creating the slice).
   """
+  target = (f'the Cloud TPU slice {config.compile.topology} (the TPU compiler, on this machine)'
+            if config.compile.topology else f'{jax.device_count()} {jax.default_backend()} device(s) of this machine')
+  logging.info('JAX %s, --mode=compile: the train step of a %d-layer d_model=%d model for %s.', jax.__version__,
+               config.model.num_layers, config.model.d_model, target)
   if workdir and jax.process_index() == 0:  # Before the compilation, which can take minutes.
     workdir_lib.check_report_folder(workdir, workdir_lib.COMPILE_REPORT)
   if config.compile.topology:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax import logs
 from transformer_jax.data import batching
 from transformer_jax.decoding import backends
 from transformer_jax.decoding import translate
@@ -73,7 +74,8 @@ def compiled_synthetic_step(config):
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     state, _ = state_lib.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
                                              setup.rules)
-    compiled = step_fn.lower(state, batch).compile()
+    with logs.heartbeat(lambda s: f'Compiling the train step: {s:.0f} s so far.'):
+      compiled = step_fn.lower(state, batch).compile()
   return compiled, state, batch, setup
 
 
@@ -141,7 +143,8 @@ def _fitting_step(setup, bench, step_fn, abstract_state, batch_size: int):
                'target_tokens': bench.target_length}
     batch = {k: jax.ShapeDtypeStruct((batch_size, n), jnp.int32, sharding=batch_sharding) for k, n in lengths.items()}
     start = time.perf_counter()
-    with setup.mesh_context():
+    with setup.mesh_context(), logs.heartbeat(lambda s: f'Compiling the train step at batch {batch_size}: '
+                                                  f'{s:.0f} s so far.'):
       compiled = step_fn.lower(abstract_state, batch).compile()
     compile_time = time.perf_counter() - start
     ok, sentence = memory.fits(compiled, setup.mesh.devices.flat)

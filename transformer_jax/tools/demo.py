@@ -2,7 +2,7 @@
 
   python -m transformer_jax.demo --workdir=runs/demo --corpus=../shared/data/multi30k
 
-Trains configs/tiny.py on a Multi30k folder (dataset='text' reads its gzip files directly, so TFDS prepares
+Trains configs/smoke.py on a Multi30k folder (dataset='text' reads its gzip files directly, so TFDS prepares
 nothing) and leaves a workdir that `inspection.load_run` reads like any other. Unlike `inspection`, this
 module writes: it is the only route from the inspection side into training.
 """
@@ -20,12 +20,12 @@ VOCAB_SIZE = 512
 
 
 def tiny_config(corpus_dir: str | os.PathLike[str], num_train_steps: int = 40) -> ml_collections.ConfigDict:
-  """configs/tiny.py reading Multi30k en->de from `corpus_dir`, sized to train in seconds; no beam search.
+  """configs/smoke.py reading Multi30k en->de from `corpus_dir`, sized to train in seconds; no beam search.
 
   Raises:
-    FileNotFoundError: if configs/tiny.py is not beside the package (it is in a clone or editable install).
+    FileNotFoundError: if configs/smoke.py is not beside the package (it is in a clone or editable install).
   """
-  config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'tiny.py')
+  config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[2] / 'configs' / 'smoke.py')
   files = lambda stem: f'{corpus_dir}/{stem}.en.gz,{corpus_dir}/{stem}.de.gz'
   config.data.update(dataset='text', train_files=files('train'), eval_files=files('val'),
                      test_files=files('test_2016_flickr'), vocab_size=VOCAB_SIZE, bucket_lengths=(32,))
@@ -44,7 +44,7 @@ def train_tiny_run(workdir: str | os.PathLike[str], corpus_dir: str | os.PathLik
     The config it trained with.
 
   Raises:
-    FileNotFoundError: if configs/tiny.py or a corpus file is missing.
+    FileNotFoundError: if configs/smoke.py or a corpus file is missing.
   """
   from transformer_jax.training import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow, ~4 s)
   config = tiny_config(corpus_dir, num_train_steps)
@@ -60,7 +60,7 @@ def main(argv) -> None:
   logs.quiet_libtpu()
   workdir = os.path.abspath(flags.FLAGS.workdir)
   train_tiny_run(workdir, flags.FLAGS.corpus, flags.FLAGS.num_train_steps)
-  print(f'The demo run is in {workdir} ({flags.FLAGS.num_train_steps} steps of configs/tiny.py). Next:\n'
+  print(f'The demo run is in {workdir} ({flags.FLAGS.num_train_steps} steps of configs/smoke.py). Next:\n'
         f'  inspect it: INSPECT_WORKDIR={workdir} jupyter lab notebooks/inspect.ipynb\n'
         f'  translate:  echo "A dog runs." | python -m transformer_jax.main --workdir={workdir} --mode=translate')
 

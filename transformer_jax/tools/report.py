@@ -51,7 +51,7 @@ CURVES_FILE = 'curves.json'
 SEED_SUFFIX = '.seed'  # <row>.seed<k>: the row trained with seed k.
 # Figures averaged over a row's seeds; each also gets '<key>_std' (None below two values), '<key>_n' (how many
 # seeds have it) and '<key>_values' (per seed, in the order of 'seed_ids').
-SEED_METRICS = ('train_perplexity', 'dev_perplexity', 'dev_bleu', 'test_bleu', 'train_minutes')
+SEED_METRICS = ('train_perplexity', 'dev_perplexity', 'dev_bleu', 'test_bleu', 'train_tflop')
 # Train perplexity: exp of the mean training nll per target token over the last this many progress lines (the
 # steps whose checkpoints are averaged, at the Multi30k table's 100-step logging), measured with dropout on.
 TRAIN_PERPLEXITY_POINTS = 5
@@ -64,7 +64,7 @@ COLUMNS = (
     ('train PPL', 'train_perplexity'), ('dev PPL', 'dev_perplexity'),
     ('dev BLEU', 'dev_bleu'), ('test BLEU', 'test_bleu'), ('Δ dev PPL [95% CI]', 'dev_perplexity_delta'),
     ('Δ dev BLEU [95% CI]', 'dev_bleu_delta'), ('params ×10⁶', 'params_millions'),
-    ('train min', 'train_minutes'), ('paper PPL', 'paper_ppl_dev'), ('paper BLEU', 'paper_bleu_dev'),
+    ('train TFLOP', 'train_tflop'), ('paper PPL', 'paper_ppl_dev'), ('paper BLEU', 'paper_bleu_dev'),
     ('paper params', 'paper_params_millions'),
 )
 CSV_KEYS = ([key for _, key in COLUMNS] + [f'{key}_std' for key in SEED_METRICS] + [f'{key}_n' for key in SEED_METRICS]
@@ -154,8 +154,25 @@ def run_record(row: str, workdir: pathlib.Path, note: str, paper: dict | None) -
       'dev_perplexity': metrics.get('perplexity'), 'dev_bleu': metrics.get('validation_bleu'),
       'test_bleu': metrics.get('bleu'), 'train_perplexity': train_perplexity(workdir),
       'params_millions': None if metrics.get('num_params') is None else metrics['num_params'] / 1e6,
-      'train_minutes': None if metrics.get('train_wall_seconds') is None else metrics['train_wall_seconds'] / 60}
+      'train_tflop': train_tflop(metrics)}
   return record
+
+
+def train_tflop(metrics: dict[str, Any]) -> float | None:
+  """The model FLOPs of a run's training, in TFLOP, from its final_metrics.json.
+
+  MFU x seconds of training steps x peak is the FLOP count of the steps the last invocation trained
+  (`flops.train_step_flops` over its batches) whatever the seconds were: time paused or beside other work does not
+  change it, where wall time would. Records with `first_step` (the step that invocation resumed from) are scaled to
+  the whole run; older ones count only the last invocation's steps (a lower bound, which `merge_seeds` resolves
+  by taking a row's largest). None when the last invocation trained no step (mfu 0).
+  """
+  mfu, seconds, peak = (metrics.get(key) for key in ('mfu', 'train_steps_seconds', 'peak_flops'))
+  if not mfu or not seconds or not peak:
+    return None
+  trained, first = metrics.get('train_steps'), metrics.get('first_step')
+  scale = trained / (trained - first) if trained and first is not None and trained > first else 1.0
+  return mfu * seconds * peak / 1e12 * scale
 
 
 def seed_of(name: str, row: str) -> int | None:
@@ -183,6 +200,9 @@ def merge_seeds(records: Sequence[dict[str, Any]], seeds: Sequence[int] | None =
     merged[key] = statistics.fmean(values) if values else merged[key]
     merged[f'{key}_std'] = statistics.stdev(values) if len(values) >= 2 else None
     merged[f'{key}_n'] = len(values)
+  if merged['train_tflop_n']:  # One seed's cost, not a mean: seeds of a row train the same FLOPs (`train_tflop`).
+    merged.update(train_tflop=max(merged['train_tflop_values'], key=lambda v: v or 0.0), train_tflop_std=None,
+                  train_tflop_n=1)
   if finished and len(finished) < len(records):
     merged['status'] = f'finished {len(finished)} of {len(records)} seeds'
   return merged
@@ -263,43 +283,41 @@ def to_csv(records: Sequence[dict[str, Any]]) -> str:
 
 
 def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-  """Two panels by row, ours beside the paper's (its own right axis: the corpora differ): dev perplexity (log
-  scale) and dev BLEU. Ours are means with error bars of one standard deviation over seeds; the shaded band is
-  base's mean ± the half-width of the 95% interval of a one-seed row's difference from it (one run's standard
-  deviation pooled within the rows that have seeds, `findings.pooled`), so a one-seed row inside it does not
-  differ from base at the 5% level (before any correction for the many rows)."""
+  """Two panels by row on one axis each: dev perplexity and dev BLEU, ours and the paper's each divided by its own
+  base row's (the corpora differ, so levels do not compare; relative changes do). Ours are means with error bars of
+  one standard deviation over seeds; the shaded band is base's ± the half-width of the 95% interval of a one-seed
+  row's difference from it (one run's standard deviation pooled within the rows that have seeds,
+  `findings.pooled`), so a one-seed row inside it does not differ from base at the 5% level (before any correction
+  for the many rows). Without a base row (ours or the paper's) that side is not drawn."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  import matplotlib.ticker  # pylint: disable=g-import-not-at-top
   rows = [r for r in records if r['dev_perplexity'] is not None or r['paper_ppl_dev'] is not None]
   positions = list(range(len(rows)))
   base = next((r for r in rows if r['row'] == 'base'), None)
   figure, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(rows)), 7.0), sharex=True)
   panels = (('dev_perplexity', 'paper_ppl_dev', 'dev perplexity'), ('dev_bleu', 'paper_bleu_dev', 'dev BLEU'))
   for axis, (ours, paper, label) in zip(axes, panels):
-    done = [(p, r) for p, r in zip(positions, rows) if r[ours] is not None]
-    axis.errorbar([p for p, _ in done], [r[ours] for _, r in done], yerr=[r.get(f'{ours}_std') or 0.0 for _, r in done],
-                  fmt='o', capsize=3, color='tab:blue', label='ours (left axis), ± std over seeds')
-    sigma, df = findings_lib.pooled(records, ours)
-    if base is not None and base[ours] is not None and df >= 1:
-      half = scipy.stats.t.ppf(0.975, df) * sigma * math.sqrt(1 + 1 / max(base.get(f'{ours}_n') or 1, 1))
-      axis.axhspan(base[ours] - half, base[ours] + half, color='tab:blue', alpha=0.12,
-                   label='base ± 95% interval of a one-seed difference')
-    paper_axis = axis.twinx()
-    known = [(p, r) for p, r in zip(positions, rows) if r[paper] is not None]
-    paper_axis.plot([p for p, _ in known], [r[paper] for _, r in known], 'D', color='tab:orange',
-                    label='paper, newstest2013 (right axis)')
-    axis.set_ylabel(f'our {label}')
-    paper_axis.set_ylabel(f"paper's {label}")
-    if axis is axes[0]:  # One legend, above the panels, for both.
-      handles, labels = (sum(pair, []) for pair in zip(axis.get_legend_handles_labels(),
-                                                      paper_axis.get_legend_handles_labels()))
-      axis.legend(handles, labels, loc='lower left', bbox_to_anchor=(0.0, 1.02), ncol=2, fontsize='small',
-                  frameon=False)
-  axes[0].set_yscale('log')  # A diverged row would flatten every other point.
-  for formatter in (axes[0].yaxis.set_major_formatter, axes[0].yaxis.set_minor_formatter):
-    formatter(matplotlib.ticker.FormatStrFormatter('%g'))  # 6, 6.5, 7 rather than 6 x 10^0.
+    ours_base = base[ours] if base is not None else None
+    if ours_base:
+      done = [(p, r) for p, r in zip(positions, rows) if r[ours] is not None]
+      axis.errorbar([p for p, _ in done], [r[ours] / ours_base for _, r in done],
+                    yerr=[(r.get(f'{ours}_std') or 0.0) / ours_base for _, r in done], fmt='o', capsize=3,
+                    color='tab:blue', label='ours (Multi30k val), ± std over seeds')
+      sigma, df = findings_lib.pooled(records, ours)
+      if df >= 1:
+        half = scipy.stats.t.ppf(0.975, df) * sigma * math.sqrt(1 + 1 / max(base.get(f'{ours}_n') or 1, 1))
+        axis.axhspan(1 - half / ours_base, 1 + half / ours_base, color='tab:blue', alpha=0.12,
+                     label="our base ± 95% interval of a one-seed row's difference")
+    paper_base = base[paper] if base is not None else None
+    if paper_base:
+      known = [(p, r) for p, r in zip(positions, rows) if r[paper] is not None]
+      axis.plot([p for p, _ in known], [r[paper] / paper_base for _, r in known], 'D', color='tab:orange',
+                label='paper (newstest2013)')
+    axis.axhline(1.0, color='grey', linewidth=0.8)
+    axis.set_ylabel(f"{label} / base's")
+    if axis is axes[0]:
+      axis.legend(loc='lower left', bbox_to_anchor=(0.0, 1.02), ncol=2, fontsize='small', frameon=False)
   axes[1].set_xticks(positions, [r['row'] for r in rows], rotation=90)
   figure.tight_layout()
   figure.savefig(path, dpi=120)

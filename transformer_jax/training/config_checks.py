@@ -145,6 +145,9 @@ def _validate_train(train_cfg) -> None:
   for key in ('num_train_steps', 'warmup_steps', 'log_every_steps', 'eval_every_steps',
               'checkpoint_every_steps', 'max_checkpoints_to_keep', 'grad_accum_steps'):
     _require(_is_positive_int(train_cfg[key]), f'train.{key}', train_cfg[key], 'a positive integer')
+  _require(isinstance(train_cfg.log_every_secs, (int, float)) and math.isfinite(train_cfg.log_every_secs)
+           and train_cfg.log_every_secs >= 0, 'train.log_every_secs', train_cfg.log_every_secs,
+           'a finite number >= 0 (0: by steps only)')
   _require(math.isfinite(train_cfg.learning_rate_scale) and train_cfg.learning_rate_scale > 0,
            'train.learning_rate_scale', train_cfg.learning_rate_scale, 'a finite number > 0')
   _require(0.0 <= train_cfg.label_smoothing < 1.0, 'train.label_smoothing', train_cfg.label_smoothing, 'in [0, 1)')

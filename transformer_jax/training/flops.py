@@ -5,8 +5,10 @@ work with `forward_flops`; the benchmark divides by `peak_flops`, training by `P
 when a re-measurement during the run is faster).
 """
 import functools
+import os
 import time
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 
@@ -75,7 +77,23 @@ def peak_flops(dtype) -> tuple[float, str]:
   if kind in KNOWN_PEAKS:
     return KNOWN_PEAKS[kind] * jax.device_count(), f'table ({kind})'
   size = _peak_size()
-  return measure_peak_flops(dtype, size) * jax.device_count(), f'measured {size}^3 matmul on {kind}'
+  flops = measure_peak_flops(dtype, size) * jax.device_count()
+  return flops, f'measured {size}^3 matmul on {kind}{load_note()}'
+
+
+def load_note() -> str:
+  """', at load L on N CPUs (shared: ...)' when the host's 1-minute load average exceeds half its CPUs, else ''.
+
+  A peak measured while other work shares the CPU comes out low, and every MFU divided by it high; the note says
+  so wherever the peak is printed. '' where the load cannot be read.
+  """
+  try:
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+  except OSError:
+    return ''
+  if load <= cpus / 2:
+    return ''
+  return f', at load {load:.1f} on {cpus} CPUs (shared: this peak is low and MFU high against a quiet machine\'s)'
 
 
 def _peak_size() -> int:
@@ -106,6 +124,10 @@ class Peak:
   def remeasure(self) -> float:
     """Measures again (a measured peak, `every_seconds` after the last) and keeps the higher; returns `flops`."""
     if self.measured and time.perf_counter() - self._last >= self.every_seconds:
-      self.flops = max(self.flops, measure_peak_flops(self.dtype, _peak_size(), repeats=3) * jax.device_count())
+      flops = measure_peak_flops(self.dtype, _peak_size(), repeats=3) * jax.device_count()
+      if flops > self.flops:
+        self.flops, self.source = flops, f'measured {_peak_size()}^3 matmul again{load_note()}'
+        logging.info('MFU peak raised to %.3g TFLOP/s (%s): MFU from this line on divides by it.', flops / 1e12,
+                     self.source)
       self._last = time.perf_counter()
     return self.flops

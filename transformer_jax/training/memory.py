@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import errors
+from transformer_jax import logs
 from transformer_jax.data import batching
 from transformer_jax.model import sharding
 
@@ -164,9 +165,10 @@ def check_train_step(setup, train_fn, data_config, shapes: Sequence[tuple[int, i
   else:
     shape = largest_batch_shape(data_config, setup.rows_multiple)
   batch = abstract_batch(data_config, shape, sharding.batch_sharding(setup.mesh))
-  with setup.mesh_context():
-    compiled = train_fn.lower(abstract_state, batch).compile()
   what = f'The train step at its largest batch [{shape[0]}, {shape[1]}]'
+  logging.info('Compiling the train step at its largest batch [%d, %d] (kept in the compilation cache).', *shape)
+  with setup.mesh_context(), logs.heartbeat(lambda s: f'Compiling the train step: {s:.0f} s so far.'):
+    compiled = train_fn.lower(abstract_state, batch).compile()
   sentence = check_fits(compiled, what=what, fields=TRAIN_BATCH_FIELDS, devices=setup.mesh.devices.flat)
   logging.info('%s %s.', what, sentence)
   return sentence

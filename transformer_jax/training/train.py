@@ -17,7 +17,6 @@ Reliability, as the loop implements it:
 """
 import datetime
 import functools
-import json
 import signal
 import threading
 import time
@@ -52,7 +51,9 @@ from transformer_jax.training.state import TrainState
 Array = jax.Array
 Batch = dict[str, Array]
 _SUM_KEYS = ('loss_sum', 'nll_sum', 'correct_sum', 'token_count')
-_FIRST_REPORT_AFTER = 10  # Steps of a (re)started loop before its first progress line, then every log_every_steps.
+# Steps of a (re)started loop before its first progress line; then every log_every_steps, and whenever
+# log_every_secs have passed since the last line.
+_FIRST_REPORT_AFTER = 10
 
 
 def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
@@ -207,6 +208,12 @@ class _Progress:
     raise errors.DivergedError(f'{message}. Stopped: {resume} (e.g. with a lower train.learning_rate_scale), '
                                'or set train.on_nonfinite=skip.')
 
+  def due(self) -> bool:
+    """Whether train.log_every_secs have passed since the last line (on one process only: over several, every
+    process must report at the same step, and their clocks differ)."""
+    every = self.train_config.log_every_secs
+    return bool(every) and jax.process_count() == 1 and time.perf_counter() - self.time >= every
+
   def report(self, step: int) -> None:
     self.check_pending()
     now = time.perf_counter()
@@ -318,7 +325,8 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
     last, stopping = step == cfg.num_train_steps, stop.requested(step)
     if last or stopping or step % cfg.checkpoint_every_steps == 0:
       progress.check_pending()  # With on_nonfinite='stop', a skipped step's state is never saved.
-    if last or step % cfg.log_every_steps == 0 or step == first_step + _FIRST_REPORT_AFTER:
+    if (last or step % cfg.log_every_steps == 0 or step == first_step + _FIRST_REPORT_AFTER
+        or progress.due()):
       progress.report(step)
     with timeline.stage('evaluation'):
       if last or step % cfg.eval_every_steps == 0:
@@ -412,7 +420,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                    '; re-measured at most once a minute, the highest kept' if peak.measured else '')
     writer = tensorboardX.SummaryWriter(workdir) if jax.process_index() == 0 else None
     progress = _Progress(config.train, setup, writer, int(state.step), peak, timeline)
-    start = time.perf_counter()
+    start, first_step = time.perf_counter(), int(state.step)
     with (_StopRequest() as stop, setup.mesh_context(),
           timeline.loop()):
       state, stopped_at = _train_loop(config, setup, state, train_fn, eval_fn, data, writer, stop, progress,
@@ -421,6 +429,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       setup.checkpoints.wait_until_finished()
     steps_seconds = max(timeline.seconds['train_steps'], 1e-9)
     run_info = {'train_wall_seconds': time.perf_counter() - start, 'train_steps': int(state.step),
+                'first_step': first_step,  # This invocation trained steps first_step + 1 .. train_steps.
                 'mfu': progress.total_flops / steps_seconds / peak.flops, 'peak_flops': peak.flops}
     if stopped_at is not None:
       logging.warning('Stopped by %s after step %d: saved checkpoint step %d in %s. Run the same command to '
