@@ -89,7 +89,7 @@ def reference_run(tmp_path_factory, corpus, persistent_compilation_cache) -> tin
 @pytest.fixture(scope='session')
 def synthetic_treebank(tmp_path_factory) -> pathlib.Path:
   """A treebank folder generated from a small probabilistic grammar (tests/synthetic_treebank.py): train.txt
-  (3,000 trees), dev.txt and test.txt (300 each), one PTB-style tree per line. Nothing licensed."""
+  (3,000 trees), dev.txt and test.txt (200 each), one PTB-style tree per line. Nothing licensed."""
   import synthetic_treebank as grammar  # pylint: disable=g-import-not-at-top
   return grammar.write_treebank(tmp_path_factory.getbasetemp() / 'synthetic_treebank')
 

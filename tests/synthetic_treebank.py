@@ -4,10 +4,11 @@ demonstration, since no real treebank may ship with the repository.
 The grammar is English-like and written for these tests (nothing is copied from a treebank): sentences with
 subjects, transitive, intransitive, phrasal (PRT) and clause-taking (SBAR) verbs, adjectives, adverbs (ADVP),
 noun-attached 'of' phrases and verb-attached 'with'/'in'/'near'/'after' phrases, coordination with a comma, and a
-final full stop. Which bracket a word opens is decided by the word itself (each preposition attaches one way),
-so a parser can reach F1 100; recursion (NP -> NP PP, VP -> V SBAR) is bounded by depth.
+final full stop. Each sentence has one tree: each preposition attaches one way ('of' to nouns, the others to
+verbs) and 'of' phrases branch to the right only, so a parser can reach F1 100; recursion (NP -> NP PP,
+VP -> V SBAR) is bounded by depth.
 
-  python tests/synthetic_treebank.py OUT_DIR [--train 3000 --dev 300 --test 300 --seed 0]
+  python tests/synthetic_treebank.py OUT_DIR [--train 3000 --dev 200 --test 200 --seed 0]
 
 writes OUT_DIR/train.txt, dev.txt and test.txt, one PTB-style tree per line ('( (S ...) )').
 """
@@ -58,7 +59,13 @@ def noun_phrase(rng: random.Random, depth: int) -> str:
     return f'(NP {_word(rng, "NNP")})'
   if kind == 'prp':
     return f'(NP {_word(rng, "PRP")})'
-  return f'(NP {noun_phrase(rng, depth + 1)} (PP (IN of) {noun_phrase(rng, depth + 1)}))'
+  # Right-branching only ('the park of (the city of Paris)'), so that a sentence has one tree.
+  return f'(NP {base_noun_phrase(rng)} (PP (IN of) {noun_phrase(rng, depth + 1)}))'
+
+
+def base_noun_phrase(rng: random.Random) -> str:
+  """A noun phrase without a PP."""
+  return noun_phrase(rng, MAX_DEPTH)
 
 
 def verb_phrase(rng: random.Random, depth: int) -> str:
@@ -92,7 +99,7 @@ def sentence(rng: random.Random) -> str:
   return f'( {body} )'
 
 
-def write_treebank(folder: str | pathlib.Path, sizes=(('train', 3000), ('dev', 300), ('test', 300)),
+def write_treebank(folder: str | pathlib.Path, sizes=(('train', 3000), ('dev', 200), ('test', 200)),
                    seed: int = 0) -> pathlib.Path:
   """Writes `<folder>/<split>.txt` for each (split, number of sentences), one tree per line.
 
@@ -111,8 +118,8 @@ if __name__ == '__main__':
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('out_dir')
   parser.add_argument('--train', type=int, default=3000)
-  parser.add_argument('--dev', type=int, default=300)
-  parser.add_argument('--test', type=int, default=300)
+  parser.add_argument('--dev', type=int, default=200)
+  parser.add_argument('--test', type=int, default=200)
   parser.add_argument('--seed', type=int, default=0)
   args = parser.parse_args()
   print(write_treebank(args.out_dir, (('train', args.train), ('dev', args.dev), ('test', args.test)), args.seed))

@@ -67,7 +67,7 @@ def test_linearisation_round_trips_every_synthetic_tree(synthetic_treebank):
   for split in treebank.SPLIT_NAMES:
     trees = treebank.split_trees(synthetic_treebank, split)
     sources, targets = treebank.split_pairs(synthetic_treebank, split)
-    assert len(trees) == len(sources) == {'train': 3000, 'dev': 300, 'test': 300}[split]
+    assert len(trees) == len(sources) == {'train': 3000, 'dev': 200, 'test': 200}[split]
     for tree, source, target in zip(trees, sources, targets):
       words, tags = treebank.words_and_tags(tree)
       assert source.split() == words
