@@ -2,7 +2,7 @@
 
   PYTHONPATH=. python benchmarks/readers_vs_trainer.py [--readers=20] [--folder=/tmp/readers_vs_trainer]
 
-Trains configs/tiny.py on the tests' synthetic corpus (tests/tiny_runs.py) with a checkpoint every step and
+Trains configs/smoke.py on the tests' synthetic corpus (tests/tiny_runs.py) with a checkpoint every step and
 100,000 steps to go, then starts `--readers` processes one after another against the running trainer, translate
 and export in turn, each while the trainer is saving. A reader that opened the checkpoints writably would delete
 the save in progress (orbax's clean-up of temporary folders) and the trainer would stop with CheckpointSaveError.

@@ -63,7 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
   ))
 
   config.data = ml_collections.ConfigDict(dict(
-      dataset='wmt14_translate/de-en',  # A TFDS name, 'multi30k', or 'text' (see train_files).
+      dataset='wmt14_translate/de-en',  # A TFDS name, 'multi30k', 'text' (see train_files) or 'treebank'.
       source_lang='en',
       target_lang='de',
       train_split='train',
@@ -74,6 +74,9 @@ def get_config() -> ml_collections.ConfigDict:
       train_files='',                   # dataset='text': 'SOURCE_FILE,TARGET_FILE'.
       eval_files='',
       test_files='',
+      # dataset='treebank' (§6.3 parsing, configs/parsing.py): the folder of bracketed trees, WSJ sections
+      # (wsj_SSNN.mrg: train 02-21, dev 22, test 23) or train*/dev*/test* files (data/treebank.py).
+      treebank_dir='',
       vocab_size=37000,                 # §5.1: shared source-target BPE of about 37,000 tokens.
       tokenizer_model_type='bpe',
       tokenizer_train_sentences=2_000_000,  # Sentences (source + target) sampled to train the vocabulary.
@@ -144,6 +147,9 @@ def get_config() -> ml_collections.ConfigDict:
       checkpoint_selection='average_last',
       average_best_n=5,
       bleu_beam_size=0,               # Beam of the validation BLEU during training; 0: decode.beam_size, 1: greedy.
+      # The validation metric that train.eval_bleu_every_steps computes and the best checkpoints are chosen by:
+      # 'bleu' (translation) or 'f1' (EVALB bracket F1 of dataset='treebank', §6.3; evaluation/parsing.py).
+      metric='bleu',
   ))
 
   # Device mesh: -1 fills the remaining devices. Logical axis rules map the model's names onto mesh axes.

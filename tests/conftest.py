@@ -86,6 +86,14 @@ def reference_run(tmp_path_factory, corpus, persistent_compilation_cache) -> tin
   return tiny_runs.Run(workdir, results, batches, tiny_runs.read_events(workdir))
 
 
+@pytest.fixture(scope='session')
+def synthetic_treebank(tmp_path_factory) -> pathlib.Path:
+  """A treebank folder generated from a small probabilistic grammar (tests/synthetic_treebank.py): train.txt
+  (3,000 trees), dev.txt and test.txt (200 each), one PTB-style tree per line. Nothing licensed."""
+  import synthetic_treebank as grammar  # pylint: disable=g-import-not-at-top
+  return grammar.write_treebank(tmp_path_factory.getbasetemp() / 'synthetic_treebank')
+
+
 # End-to-end tests: tiny trainings on the synthetic or real corpus, the notebook, several processes. Left out of
 # the fast subset a contributor runs before committing (`-m "not slow and not integration"`).
 _INTEGRATION_FIXTURES = {'corpus', 'reference_run', 'multi30k_dir'}

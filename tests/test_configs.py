@@ -41,6 +41,7 @@ CONFIG_FILES = sorted(p for p in CONFIG_DIR.glob('*.py') if not p.name.startswit
 CONFIG_ARGS = [(path.name, None) for path in CONFIG_FILES if path.name not in ROW_FILES]
 CONFIG_ARGS += [(name, row) for name, module in ROW_FILES.items() for row in module.ROWS]
 CONFIG_ARGS += [('multi30k.py', 'fr')]  # English->French.
+CONFIG_ARGS += [('parsing.py', 'cpu')]  # §6.3 parsing, the small CPU variant.
 
 
 @functools.cache

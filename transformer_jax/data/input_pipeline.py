@@ -29,6 +29,7 @@ from transformer_jax.data import multi30k
 from transformer_jax.data import tfds_downloads
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data import train_iterator
+from transformer_jax.data import treebank
 from transformer_jax.data.batching import Ragged
 
 
@@ -55,6 +56,10 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
       message names the file and the ways to prepare the data by hand.
   """
   langs = (data_config.source_lang, data_config.target_lang)
+  if data_config.dataset == 'treebank':  # Words -> linearised trees (§6.3, data/treebank.py).
+    source, target = treebank.split_pairs(data_config.treebank_dir, split)
+    _log_once(f'Read {len(source)} trees of split {split!r} from data.treebank_dir={data_config.treebank_dir}.')
+    return source, target
   if data_config.dataset == 'text':
     _, paths = text_files(data_config, split)
     source, target = multi30k.read_parallel(paths)
@@ -108,7 +113,7 @@ def prepare_dataset(data_config: Any) -> None:
     tfds_downloads.DownloadError: as `load_split`.
     ValueError: for a Multi30k manual_dir that lacks a file of the language pair.
   """
-  if data_config.dataset == 'text':
+  if data_config.dataset in ('text', 'treebank'):
     return
   kwargs = _tfds_kwargs(data_config)
   with tfds_downloads.fail_fast(data_config.dataset, data_config.tfds_data_dir or None):
@@ -139,6 +144,8 @@ def text_files(data_config: Any, split: str) -> tuple[str, list[str]]:
 
 def split_source(data_config: Any, split: str) -> str:
   """Where a split comes from, for messages: its data.*_files for dataset='text', else the dataset's name."""
+  if data_config.dataset == 'treebank':
+    return f'data.treebank_dir={data_config.treebank_dir}'
   if data_config.dataset != 'text':
     return f'data.dataset={data_config.dataset}'
   key = {data_config.train_split: 'train_files', data_config.eval_split: 'eval_files'}.get(split, 'test_files')
@@ -161,10 +168,13 @@ def get_tokenizer(data_config: Any, workdir: str, process_index: int = 0) -> tok
           f'The {data_config.train_split!r} split has no non-empty line to train the vocabulary on '
           f'({split_source(data_config, data_config.train_split)}).')
     return itertools.chain(source, target)
+  # A treebank's output tokens ('(NP', ')NP', 'XX') stay single pieces, so that outputs can be de-linearised.
+  symbols = (treebank.output_symbols(treebank.split_trees(data_config.treebank_dir, data_config.train_split))
+             if data_config.dataset == 'treebank' else ())
   return tokenizer_lib.train_or_load(
       workdir, sentences, data_config.vocab_size, model_type=data_config.tokenizer_model_type,
       max_sentences=data_config.tokenizer_train_sentences, seed=data_config.tokenizer_seed,
-      normalization=data_config.tokenizer_normalization,
+      normalization=data_config.tokenizer_normalization, user_defined_symbols=symbols,
       on_trained=lambda tokenizer: log_round_trip(tokenizer, data_config), process_index=process_index)
 
 
@@ -212,6 +222,7 @@ class Split(NamedTuple):
   target_texts: list[str]  # The references BLEU scores against.
   source_ids: Ragged
   target_ids: Ragged
+  trees: tuple | None = None  # dataset='treebank': the gold trees (nltk.Tree) that F1 scores against.
 
 
 def encode_split(data_config: Any, tokenizer: tokenizer_lib.Tokenizer, split: str) -> Split:
@@ -221,7 +232,8 @@ def encode_split(data_config: Any, tokenizer: tokenizer_lib.Tokenizer, split: st
     ValueError, FileNotFoundError: from `load_split` (a missing or mismatched file).
   """
   source, target = load_split(data_config, split)
-  return Split(source, target, encode(tokenizer, source), encode(tokenizer, target))
+  trees = treebank.split_trees(data_config.treebank_dir, split) if data_config.dataset == 'treebank' else None
+  return Split(source, target, encode(tokenizer, source), encode(tokenizer, target), trees)
 
 
 def split_eval_batches(data_config: Any, source_ids: batching.Ids, target_ids: batching.Ids,

@@ -182,7 +182,7 @@ def sample_sentences(sentences: Iterable[str], max_sentences: int, seed: int) ->
 
 
 def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sentences: int, seed: int,
-           normalization: str) -> bytes:
+           normalization: str, user_defined_symbols: Sequence[str] = ()) -> bytes:
   """Trains a SentencePiece model on a seeded sample of at most `max_sentences` sentences; returns its bytes."""
   sample = sample_sentences(sentences, max_sentences, seed)
   model = io.BytesIO()
@@ -195,6 +195,9 @@ def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sente
       pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
       byte_fallback=True,
       normalization_rule_name=normalization,
+      # Each a single piece wherever it occurs; given with SentencePiece's word-start mark '▁', so that a
+      # space-separated token is one piece, not '▁' and the symbol.
+      user_defined_symbols=[f'\u2581{symbol}' for symbol in user_defined_symbols],
       input_sentence_size=0,  # All of the sample: SentencePiece's own sampling is not reproducible.
       num_threads=os.cpu_count() or 1,
       minloglevel=1)
@@ -208,6 +211,7 @@ def train_or_load(workdir: str | os.PathLike[str],
                   max_sentences: int = 2_000_000,
                   seed: int = 0,
                   normalization: str = 'nmt_nfkc',
+                  user_defined_symbols: Sequence[str] = (),
                   on_trained: Callable[[Tokenizer], None] | None = None,
                   process_index: int = 0,
                   timeout_secs: float = 3600.0,
@@ -230,6 +234,8 @@ def train_or_load(workdir: str | os.PathLike[str],
     seed: chooses the sample (data.tokenizer_seed): the same sentences and seed give the same file, byte for byte.
     normalization: SentencePiece's normalisation rule (data.tokenizer_normalization), one of NORMALIZATIONS. An
       existing file must have been trained with it.
+    user_defined_symbols: tokens that must each be one piece when they stand between spaces (a treebank's
+      '(NP', ')NP', 'XX', §6.3); they count towards vocab_size.
     on_trained: called with the new Tokenizer on process 0 right after training (not when the file existed).
     process_index: this host's index (jax.process_index()).
     timeout_secs: how long a process other than 0 waits for the file, seconds.
@@ -251,7 +257,7 @@ def train_or_load(workdir: str | os.PathLike[str],
     texts = sentences()
     start = time.perf_counter()
     try:
-      proto = _train(texts, vocab_size, model_type, max_sentences, seed, normalization)
+      proto = _train(texts, vocab_size, model_type, max_sentences, seed, normalization, user_defined_symbols)
     except RuntimeError as e:  # SentencePiece reports a size that does not fit the corpus as a RuntimeError.
       if 'ocabulary size' not in str(e):
         raise

@@ -25,6 +25,7 @@ from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
 from transformer_jax.decoding import translate
 from transformer_jax.evaluation import bleu
+from transformer_jax.evaluation import parsing
 from transformer_jax.evaluation import selection
 from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
@@ -135,12 +136,15 @@ def translate_split(config, setup: Setup, params, split, beam_size: int | None =
     alpha: overrides decode.alpha.
 
   Returns:
-    (hypotheses, the three BLEUs and the sacreBLEU signature, seconds spent decoding).
+    (hypotheses, the three BLEUs and the sacreBLEU signature, seconds spent decoding); for a treebank split
+    (split.trees set, §6.3) the EVALB figures of `parsing.score_split` instead of the BLEUs.
   """
   start = time.perf_counter()
   hypotheses = translate_ids(config, setup, params, split.source_ids, split.target_ids, beam_size=beam_size,
                              alpha=alpha)
   seconds = time.perf_counter() - start
+  if split.trees is not None:
+    return hypotheses, parsing.score_split(hypotheses, split.trees), seconds
   return hypotheses, bleu.all_bleu(hypotheses, split.target_texts, config.data.target_lang), seconds
 
 
@@ -160,10 +164,13 @@ def validation_bleu(config, setup: Setup, params, eval_split, step: int) -> dict
 
   Returns:
     {'bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu', 'length_ratio', 'bleu_seconds'} (see
-    `bleu.all_bleu`).
+    `bleu.all_bleu`); with eval.metric='f1', {parsing.SCORES, 'f1_seconds'} instead.
   """
   beam_size = config.eval.bleu_beam_size or config.decode.beam_size
   _, scores, seconds = translate_split(config, setup, params, eval_split, beam_size)
+  if config.eval.metric == 'f1':  # A parser (§6.3): F1 instead of BLEU.
+    parsing.log_validation(scores, step, beam_size, seconds)
+    return {key: scores[key] for key in parsing.SCORES} | {'f1_seconds': seconds}
   logging.info('validation BLEU at step %d | bleu %.2f | lowercased tokenized %.2f | length ratio %.3f | beam %d '
                '| %.1f s', step, scores['bleu'], scores['lowercased_tokenized_bleu'], scores['length_ratio'],
                beam_size, seconds)
@@ -227,7 +234,8 @@ def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, t
     Validation loss, nll, perplexity, accuracy; with train.translate_at_end also `validation_bleu`,
     `validation_lowercased_tokenized_bleu`, `validation_length_ratio`, and the test split's `bleu`
     (sacreBLEU), `tokenized_bleu`, `lowercased_tokenized_bleu`, `length_ratio` and
-    `decode_sentences_per_sec`.
+    `decode_sentences_per_sec`; with eval.metric='f1' (a parser) `parsing.final_scores`' figures instead of
+    the BLEUs.
   """
   params, steps = load_params(config.eval, setup)
   data_cfg = config.data
@@ -240,6 +248,13 @@ def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, t
       _write_final_metrics(selection, output_dir, results, steps, params, run_info)
       return results
     eval_split = eval_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.eval_split)
+    if config.eval.metric == 'f1':  # A parser (§6.3): validation and test F1, the trees written.
+      test_split = test_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.test_split)
+      results |= parsing.final_scores(config, lambda split: translate_split(config, setup, params, split),
+                                      eval_split, test_split, output_dir, steps)
+      metrics_lib.write_scalars(writer, steps[-1], {'f1': results['f1']}, 'test')
+      _write_final_metrics(selection, output_dir, results, steps, params, run_info)
+      return results
     hypotheses, scores, _ = translate_split(config, setup, params, eval_split)
     results |= {'validation_bleu': scores['bleu'],
                 'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu'],
@@ -378,6 +393,8 @@ def translate_file(config, workdir: str, input_path: str | None, output_path: st
     hypotheses = translate_ids(config, setup, params, input_pipeline.encode(setup.tokenizer, lines))
   seconds = time.perf_counter() - start
   hypotheses = [single_line(h) if line.strip() else '' for line, h in zip(lines, hypotheses)]
+  if config.data.dataset == 'treebank':  # A parser: one bracketed tree per sentence (tags XX, not predicted).
+    hypotheses = [parsing.tree_line(h, line) if line.strip() else '' for line, h in zip(lines, hypotheses)]
   text = ''.join(h + '\n' for h in hypotheses)
   if output_path:
     epath.Path(output_path).write_text(text, encoding='utf-8')

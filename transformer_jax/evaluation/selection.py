@@ -90,7 +90,8 @@ SELECTIONS = ('average_last', 'best', 'average_best')
 
 def save_best(manager: CheckpointManager, step: int, params: PyTree, bleu: float) -> None:
   """Offers step's parameters to the best-by-BLEU manager (`<workdir>/best_checkpoints`), which keeps the
-  max_to_keep (eval.average_best_n) with the highest validation BLEU."""
+  max_to_keep (eval.average_best_n) with the highest validation BLEU (or the validation F1 of a parser,
+  eval.metric='f1', stored under the same name)."""
   manager.save(step, {'params': params}, {}, force=True, metrics={'bleu': bleu})
 
 

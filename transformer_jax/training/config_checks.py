@@ -15,6 +15,7 @@ from transformer_jax import errors
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data import treebank
 from transformer_jax.decoding import beam
 from transformer_jax.evaluation import bleu
 from transformer_jax.evaluation import selection
@@ -71,7 +72,7 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
            f'one of {beam.EARLY_STOPPING}')
   _require(1 <= config.eval.average_last_n <= train_cfg.max_checkpoints_to_keep, 'eval.average_last_n',
            config.eval.average_last_n, f'in [1, train.max_checkpoints_to_keep={train_cfg.max_checkpoints_to_keep}]')
-  _validate_selection(config.eval, train_cfg)
+  _validate_selection(config.eval, train_cfg, data_cfg)
   model_cfg = model_config(config)
   _require(model_cfg.max_length >= data_cfg.max_length + decode_cfg.extra_length or model_cfg.position_embedding
            != 'learned', 'data.max_length + decode.extra_length', data_cfg.max_length + decode_cfg.extra_length,
@@ -126,13 +127,16 @@ def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_siz
                                  f'{axes} by mesh.logical_axis_rules): change {key} or the mesh')
 
 
-def _validate_selection(eval_cfg, train_cfg) -> None:
+def _validate_selection(eval_cfg, train_cfg, data_cfg) -> None:
   _require(eval_cfg.checkpoint_selection in selection.SELECTIONS, 'eval.checkpoint_selection',
            eval_cfg.checkpoint_selection, f'one of {selection.SELECTIONS}')
   _require(_is_positive_int(eval_cfg.average_best_n), 'eval.average_best_n', eval_cfg.average_best_n,
            'a positive integer')
   _require(isinstance(eval_cfg.bleu_beam_size, int) and eval_cfg.bleu_beam_size >= 0, 'eval.bleu_beam_size',
            eval_cfg.bleu_beam_size, 'an integer >= 0 (0: decode.beam_size)')
+  _require(eval_cfg.metric in ('bleu', 'f1'), 'eval.metric', eval_cfg.metric, "one of ('bleu', 'f1')")
+  _require((eval_cfg.metric == 'f1') == (data_cfg.dataset == 'treebank'), 'eval.metric', eval_cfg.metric,
+           f"'f1' with data.dataset='treebank' (§6.3 parsing), else 'bleu'; data.dataset={data_cfg.dataset!r}")
   _require(isinstance(train_cfg.eval_bleu_every_steps, int) and train_cfg.eval_bleu_every_steps >= 0,
            'train.eval_bleu_every_steps', train_cfg.eval_bleu_every_steps, 'an integer >= 0 (0: never)')
   _require(eval_cfg.checkpoint_selection == 'average_last' or train_cfg.eval_bleu_every_steps > 0,
@@ -181,7 +185,8 @@ def check_data_files(data_config, splits) -> None:
   """Fails early when the input files of `splits` are not where the config says (nothing is read).
 
   dataset='text': `data.{train,eval,test}_files` must each name two existing files; dataset='multi30k' with a
-  manual_dir: the folder must hold the files of the language pair. TFDS datasets are checked by TFDS when loaded.
+  manual_dir: the folder must hold the files of the language pair; dataset='treebank': every tree of the splits
+  is read (`treebank.split_trees`, cached), so that an unreadable tree stops the run before anything is written. TFDS datasets are checked by TFDS when loaded.
 
   Args:
     data_config: `config.data`.
@@ -191,7 +196,13 @@ def check_data_files(data_config, splits) -> None:
     errors.ConfigError: naming the key for a malformed file list or an incomplete Multi30k folder.
     errors.MissingFileError: naming the key and the path of a missing file.
     errors.MissingPackageError: if sacreBLEU's tokenizer for data.target_lang needs packages that are missing.
+    treebank.TreebankError, treebank.TreebankLayoutError: naming the file and line of a tree that cannot be
+      read, or what data.treebank_dir lacks.
   """
+  if data_config.dataset == 'treebank':  # Reads every tree of the splits (cached for the run): a bad one stops here.
+    for split in splits:
+      treebank.split_trees(data_config.treebank_dir, split)
+    return
   bleu.check_sacrebleu_tokenizer(data_config.target_lang)
   if data_config.dataset == 'multi30k' and data_config.manual_dir:
     multi30k.check_manual_dir(data_config.manual_dir, (data_config.source_lang, data_config.target_lang))
@@ -207,7 +218,7 @@ def check_data_files(data_config, splits) -> None:
 # What --mode=evaluate and --mode=translate may change in a run's stored config: how to decode and evaluate,
 # where the input files are now, and the mesh. Anything else is the run's own.
 _EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'export.', 'train.translate_at_end', 'data.eval_split',
-                      'data.test_split', 'data.manual_dir', 'data.tfds_data_dir', 'data.train_files',
+                      'data.test_split', 'data.manual_dir', 'data.treebank_dir', 'data.tfds_data_dir', 'data.train_files',
                       'data.eval_files', 'data.test_files', 'data.tokens_per_batch', 'model.dtype',
                       'model.attention_impl', 'model.attention_product_dtype', 'model.decoding_kernel')
 # Model and data fields that act in training only: a config file's values (today's recipe, say) are not an error.

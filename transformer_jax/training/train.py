@@ -335,7 +335,7 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
       if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
         scores = evaluate_lib.validation_bleu(config, setup, state.params, data.eval_split, step)
         metrics_lib.write_scalars(writer, step, scores, 'eval')
-        selection.save_best(setup.best_checkpoints, step, state.params, scores['bleu'])
+        selection.save_best(setup.best_checkpoints, step, state.params, scores[config.eval.metric])
     with timeline.stage('checkpoint'):
       setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
