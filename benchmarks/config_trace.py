@@ -5,7 +5,7 @@
 Runs `train.train_and_evaluate` on configs/smoke.py (the tests' synthetic corpus, tests/tiny_runs.py, with the
 final translation; in a temporary folder) under `sys.setprofile` and follows every call into the package that receives the configuration: the
 ConfigDict itself, one of its sections (config.data, config.train, ...), or an object holding it in a
-`config` attribute (`Setup` did until #29). Each call site is followed once (the first time a function calls a given
+`config` attribute (`Setup` once did). Each call site is followed once (the first time a function calls a given
 function), so the training loop's repeated steps count once, like reading the code. The route is the module of
 each such call, in the order the calls are made (consecutive calls in one module count once); a **move** is a
 step of the route from one module to another, a **climb** a move into a module that imports (directly or not)

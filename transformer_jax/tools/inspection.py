@@ -254,7 +254,7 @@ def translation_attention(run: Run, source: str, beam_size: int | None = None) -
 
 @functools.lru_cache(maxsize=8)
 def _pieces(tokenizer_path: str) -> spm.SentencePieceProcessor:
-  # TODO(issue 8): Tokenizer.id_to_piece, so that labels need no second copy of the model.
+  # TODO: Tokenizer.id_to_piece, so that labels need no second copy of the model.
   return spm.SentencePieceProcessor(model_file=tokenizer_path)
 
 

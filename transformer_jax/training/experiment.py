@@ -184,7 +184,7 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   if lock is not None:
     _check_writable(workdir, ' (--output=DIR evaluates a run without writing into its folder)' if lock == 'evaluate'
                     else '')
-    distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes (#16).
+    distributed.check_shared_workdir(workdir)  # Multi-host: one workdir for all processes.
   run_lock = _lock(workdir, lock)
   manager = None
   try:
