@@ -243,6 +243,7 @@ def test_checkpoint_saved_on_8_devices_restores_on_4_and_1(tmp_path, initial_sta
   save_cfg = mesh_config(data=2, fsdp=2, tensor=2)
   mesh8 = sharding.make_mesh(save_cfg)
   _, shardings8 = abstract_state(mesh8, sharding.logical_axis_rules(save_cfg))
+  initial_state = initial_state.replace(step=np.int32(5))  # A restore checks the state's step against the folder's.
   state8 = jax.device_put(initial_state, shardings8)
   with checkpoints.CheckpointManager(tmp_path, max_to_keep=2) as manager:
     assert manager.save(5, state8, {'epoch': 0, 'position': 5}, force=True)

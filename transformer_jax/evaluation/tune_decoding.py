@@ -127,10 +127,10 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
   split_name = config.data.eval_split
   setup = experiment.setup(config, workdir, data_splits=(split_name,))
   try:
+    kept = setup.checkpoints.all_steps()
+    chosen = [(str(w), w.steps(kept)) for w in windows] or [(None, None)]  # Raises before anything is written.
     if jax.process_index() == 0:
       output_dir = epath.Path(evaluate.new_evaluation_dir(workdir, output_dir))
-    kept = setup.checkpoints.all_steps()
-    chosen = [(str(w), w.steps(kept)) for w in windows] or [(None, None)]
     split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
     rows = []
     for window, steps in chosen:

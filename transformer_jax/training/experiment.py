@@ -156,7 +156,7 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   vocabulary is trained, and without a lock nothing at all is written, so a run folder on a read-only share
   works and a trainer saving beside the reader is not disturbed.
   A training run's check that fails after its first writes (a vocabulary size the corpus cannot fill) removes
-  those of the folders this call created that are still empty (an empty `run.lock` counts as nothing).
+  the folders and the lock file this call created that are still empty.
 
   Args:
     config: the ConfigDict (configs/base.py).
@@ -178,8 +178,9 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   config_checks.check_data_files(config.data, data_splits)
   if data_splits:
     input_pipeline.prepare_dataset(config.data)  # A failed download leaves no workdir behind.
-  new_folders = [folder for folder in (epath.Path(workdir) / 'best_checkpoints', epath.Path(workdir) / 'checkpoints',
-                                       epath.Path(workdir)) if not folder.exists()]  # Innermost first.
+  new_paths = [path for path in (epath.Path(workdir) / workdir_lib.LOCK, epath.Path(workdir) / 'best_checkpoints',
+                                 epath.Path(workdir) / 'checkpoints', epath.Path(workdir))
+               if not path.exists()]  # Innermost first.
   read_only = lock != 'train'
   if lock is not None:
     _check_writable(workdir, ' (--output=DIR evaluates a run without writing into its folder)' if lock == 'evaluate'
@@ -210,25 +211,21 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
       manager.close()  # Its threads would outlive the error.
     if run_lock is not None:
       run_lock.release()
-    _remove_if_empty(new_folders)
+    _remove_if_empty(new_paths)
     raise
   return Setup(**{f.name: getattr(built, f.name) for f in dataclasses.fields(Build) if f.init}, workdir=workdir,
                tokenizer=tokenizer, checkpoints=manager, best_checkpoints=best, lock=run_lock)
 
 
-def _remove_if_empty(folders: list[epath.Path]) -> None:
-  """Removes each of `folders` (innermost first) that exists and holds nothing but, at most, the empty `run.lock`
-  of a lock already released; leaves any other as it is."""
-  for folder in folders:
+def _remove_if_empty(paths: list[epath.Path]) -> None:
+  """Removes each of `paths` (innermost first) that exists and is empty: a file of no bytes (the `run.lock` of a
+  lock already released) or a folder with nothing in it; leaves any other as it is."""
+  for path in paths:
     try:
-      if not folder.exists():
-        continue
-      entries = list(folder.iterdir())
-      if all(entry.name == workdir_lib.LOCK and entry.is_file() and os.path.getsize(entry) == 0
-             for entry in entries):
-        for entry in entries:
-          entry.unlink()
-        folder.rmdir()
+      if path.is_file() and os.path.getsize(path) == 0:
+        path.unlink()
+      elif path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
     except OSError:
       pass  # Another process wrote into it, or it cannot be removed: it stays, as before this call.
 
