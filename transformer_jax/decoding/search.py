@@ -30,8 +30,9 @@ GrowFn = Callable[[Any, int], Any]
 # A search's loop carry: `beam.BeamState` or `greedy.GreedyState`, NamedTuples with `step`, `done` and `cache`.
 State = TypeVar('State')
 
+
 def check_args(cache: Any, rows: int, max_decode_lengths: Any, batch_size: int, max_steps: int,
-                special_ids: tuple[int, int, int]) -> jax.Array:
+               special_ids: tuple[int, int, int]) -> jax.Array:
   """Validates a search's static arguments; returns L_b, int32 [batch], clipped to [1, max_steps].
 
   Raises:
@@ -55,10 +56,9 @@ def check_args(cache: Any, rows: int, max_decode_lengths: Any, batch_size: int, 
   return jnp.clip(lengths, 1, max_steps)
 
 
-
 def stage_ends(max_steps: int, cache_stages: Sequence[int]) -> list[int]:
   """The step counts at which the stages of a search end: the sorted `cache_stages` in (0, max_steps), then
-  max_steps. Before the stage that ends at e, the cache is grown to hold e positions (`beam_search`)."""
+  max_steps. Before the stage that ends at e, the cache is grown to hold e positions (`run_stages`)."""
   return sorted({int(end) for end in cache_stages if 0 < end < max_steps} | {max_steps})
 
 
@@ -68,7 +68,7 @@ def run_until(state: State, step: Callable[[State], State], until: int | jax.Arr
 
 
 def run_stages(state: State, step: Callable[[State], State], max_steps: int, cache_stages: Sequence[int],
-                grow_cache: GrowFn | None) -> State:
+               grow_cache: GrowFn | None) -> State:
   """Runs `step` while state.step < max_steps and some sentence is not done, one while-loop per stage.
 
   Stage i ends at step e_i (`stage_ends`). Before stage i, grow_cache(cache, e_i) makes the cache hold e_i
