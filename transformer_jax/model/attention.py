@@ -15,6 +15,7 @@ from transformer_jax.model import sharding
 
 Array = jax.Array
 
+
 def padding_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
   """Mask that keeps each query inside its own sentence (segment) and away from padding.
 
