@@ -21,7 +21,7 @@ changes the paper's base:
          step budget as every row (the paper trains big 3x longer)
   F1-F8  the later variants of configs/table3.py (gated FFNs at d_ff = 2/3 * 1024 = 682)
 
-Budget: every row trains BUDGET_STEPS = 2,000 packed steps of ~2,048 source + 2,048 target tokens (~12 epochs of
+Budget: every row trains BUDGET_STEPS = 2,000 packed steps of ~2,048 source + 2,048 target tokens (~8 epochs of
 Multi30k), the main job's schedule (configs/multi30k.py: 400 warm-up steps, learning_rate_scale 0.5, peak
 1.6e-3 at d_model 256), checkpoints every 100 steps and the last 5 (steps 1,600-2,000) averaged, greedy decoding
 of the dev and test splits (beam search changes BLEU by ~1-2 points at ~2x the decoding time, for every row
