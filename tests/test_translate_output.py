@@ -45,7 +45,7 @@ def test_a_line_break_decoded_from_byte_pieces_never_splits_an_output_line(monke
   monkeypatch.setattr(evaluate, 'load_params', lambda *args: ({}, [6]))
   monkeypatch.setattr(evaluate.input_pipeline, 'encode', lambda tokenizer, lines: lines)
   monkeypatch.setattr(evaluate, 'translate_ids', lambda config, setup, params, lines: [decoded] * len(lines))
-  config = ml_collections.ConfigDict({'eval': {}, 'train': {'num_train_steps': 6}})
+  config = ml_collections.ConfigDict({'data': {'dataset': 'multi30k'}, 'eval': {}, 'train': {'num_train_steps': 6}})
   evaluate.translate_file(config, str(tmp_path), str(tmp_path / 'in.txt'), str(tmp_path / 'out.txt'))
   written = (tmp_path / 'out.txt').read_text(encoding='utf-8')
   lines = written.splitlines()  # Splits at every line break there is.
