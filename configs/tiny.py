@@ -7,10 +7,9 @@ The paper's architecture (§3) at N=2, d_model=128, d_ff=512, h=4 (d_k=d_v=32), 
 and packed batches of 1,024 source + 1,024 target slots; 1,600 steps (~4 epochs) of the §5.3 schedule with
 warm-up 300 (peak learning rate 5.1e-3); the last 2 checkpoints averaged, beam 4, alpha 1.0.
 
-Measured on a 2-vCPU AMD EPYC without AMX, 2026-12-04, shared with a training run and tests (load 9-18): 12.8 min
-of wall time (1,600 steps, 16 TFLOP, in 558 s: 2.9 steps/s), 175 CPU-seconds in all, so about 1.5-3 min alone on
-2 cores (estimated from the CPU time, not measured alone). Validation sacreBLEU 26.95; test_2016_flickr sacreBLEU 28.21,
-lowercased tokenised 28.46. "A man in a red shirt is riding a bike." -> "Ein Mann in einem roten Hemd fährt auf
+Measured on a 2-vCPU AMD EPYC without AMX, 2026-12-05, beside one training run: the whole command in 2 min 22 s
+(1,600 steps, 16 TFLOP; 140 CPU-seconds). Validation sacreBLEU 26.95; test_2016_flickr sacreBLEU 28.21, lowercased
+tokenised 28.46 (the same figures as a run at load 9-18 on 2026-12-04, which took 12.8 min). "A man in a red shirt is riding a bike." -> "Ein Mann in einem roten Hemd fährt auf
 einem Fahrrad."
 
 For tests, configs/smoke.py is the same route at a size that learns nothing.
