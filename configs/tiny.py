@@ -9,8 +9,8 @@ warm-up 300 (peak learning rate 5.1e-3); the last 2 checkpoints averaged, beam 4
 
 Measured on a 2-vCPU AMD EPYC without AMX, 2026-12-05, beside one training run: the whole command in 2 min 22 s
 (1,600 steps, 16 TFLOP; 140 CPU-seconds). Validation sacreBLEU 26.95; test_2016_flickr sacreBLEU 28.21, lowercased
-tokenised 28.46 (the same figures as a run at load 9-18 on 2026-12-04, which took 12.8 min). "A man in a red shirt is riding a bike." -> "Ein Mann in einem roten Hemd fährt auf
-einem Fahrrad."
+tokenised 28.46 (the same figures as a run at load 9-18 on 2026-12-04, which took 12.8 min). "A man in a red
+shirt is riding a bike." -> "Ein Mann in einem roten Hemd fährt auf einem Fahrrad."
 
 For tests, configs/smoke.py is the same route at a size that learns nothing.
 """
