@@ -107,7 +107,7 @@ def main() -> None:
   args = parser.parse_args()
   sys.path[:0] = [str(REPO), str(REPO / 'tests')]
   import tiny_runs  # pylint: disable=import-outside-toplevel
-  from transformer_jax.training import train  # pylint: disable=import-outside-toplevel
+  from transformer_jax.run import train  # pylint: disable=import-outside-toplevel
   with tempfile.TemporaryDirectory() as folder:
     config = tiny_runs.text_config(tiny_runs.write_corpus(pathlib.Path(folder) / 'corpus'), translate_at_end=True)
     workdir = str(pathlib.Path(folder) / 'run')

@@ -42,7 +42,7 @@ from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import benchmark
 from transformer_jax.tools import export
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 
 
 def main() -> None:
@@ -60,7 +60,7 @@ def main() -> None:
   model, cfg = setup.model, setup.model.cfg
   sources = benchmark.synthetic_batch(cfg, args.sentences, args.source_length, 1)['source_tokens']
   float32_params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(sources), jnp.asarray(sources))['params'])
-  params = model_lib.params_in_compute_dtype(float32_params, cfg)  # Ours, as translate.decode_all casts them.
+  params = translate.params_in_compute_dtype(float32_params, cfg)  # Ours, as translate.decode_all casts them.
   beam, alpha, extra = config.decode.beam_size, config.decode.alpha, config.decode.extra_length
   steps = args.source_length + extra
 

@@ -36,7 +36,7 @@ from transformer_jax.decoding import backends
 from transformer_jax.decoding import translate
 from transformer_jax.evaluation import evaluate
 from transformer_jax.storage import workdir as workdir_lib
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 
 
 def sentence_steps(config, setup, params, split, beam_size: int, alpha: float) -> dict:

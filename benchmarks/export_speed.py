@@ -39,7 +39,7 @@ from transformer_jax.evaluation import evaluate
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import export
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # Configs 
 from transformer_jax.data import batching  # pylint: disable=wrong-import-position
 from transformer_jax.data import input_pipeline  # pylint: disable=wrong-import-position
 from transformer_jax.data import train_iterator  # pylint: disable=wrong-import-position
+from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/base.py', 'Config file (its data fields are used).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for the vocabulary.', required=True)
@@ -28,7 +29,8 @@ _NUM_BATCHES = flags.DEFINE_integer('num_batches', 500, 'Batches to time per mod
 def main(argv: Sequence[str]) -> None:
   del argv
   data = _CONFIG.value.data
-  tokenizer = input_pipeline.get_tokenizer(data, _WORKDIR.value)
+  tokenizer = input_pipeline.get_tokenizer(
+      data, workdir_lib.path(_WORKDIR.value, workdir_lib.vocabulary_file(data.vocab_size)))
   texts = input_pipeline.load_split(data, data.train_split)
   start = time.perf_counter()
   source, target = (input_pipeline.encode(tokenizer, side) for side in texts)

@@ -39,7 +39,7 @@ from transformer_jax.decoding import translate
 from transformer_jax.evaluation import evaluate
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 
 PARTS = (('self-attention', r'/self_attention'), ('encoder-decoder attention', r'encoder_decoder_attention'),
          ('feed-forward', r'feed_forward'), ('layer norm', r'[Nn]orm'), ('logits and embedding', r'embed|logits'))
@@ -67,7 +67,7 @@ def main() -> None:
   for kernel in args.decoding_kernel.split(','):
     model = model_lib.Transformer(dataclasses.replace(setup.model.cfg, decoding_kernel=kernel))
     backend = backends.decoding_backend(model.cfg)
-    cast = model_lib.params_in_compute_dtype(params, model.cfg)  # As translate.decode_all does.
+    cast = translate.params_in_compute_dtype(params, model.cfg)  # As translate.decode_all does.
     state, context = translate._start_jit(  # pylint: disable=protected-access
         cast, jnp.asarray(source), model=model, backend=backend, beam_size=4, extra_length=50, max_steps=66,
         cache_length=args.cache_length, is_greedy=False)

@@ -2,7 +2,7 @@
 
   python benchmarks/profile_step.py --config=configs/multi30k.py [--config.model.attention_product_dtype=compute]
 
-Compiles `train.jit_train_step` for one synthetic batch (`benchmark.synthetic_batch`, the config's
+Compiles `step.jit_train_step` for one synthetic batch (`benchmark.synthetic_batch`, the config's
 `benchmark.batch_size` x (`source_length` + `target_length`)), runs it warm, traces `--steps` steps and reads
 the trace's XLA ops (one event per thunk of the compiled program, named as its HLO instructions). Each op is
 attributed through the `op_name` metadata JAX gives every HLO instruction (the Flax module path and the

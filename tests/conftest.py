@@ -81,7 +81,7 @@ def reference_run(tmp_path_factory, corpus, persistent_compilation_cache) -> tin
   workdir = tmp_path_factory.mktemp('reference')
   with pytest.MonkeyPatch.context() as monkeypatch:
     batches = tiny_runs.record_batches(monkeypatch)
-    from transformer_jax.training import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+    from transformer_jax.run import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
     results = train.train_and_evaluate(tiny_runs.text_config(corpus), str(workdir))
   return tiny_runs.Run(workdir, results, batches, tiny_runs.read_events(workdir))
 

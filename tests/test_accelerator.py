@@ -22,7 +22,7 @@ from transformer_jax.model import attention
 from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import state as state_lib
-from transformer_jax.training import train
+from transformer_jax.training import step as step_lib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -71,7 +71,7 @@ def _two_steps(model, batch, mesh=None):
   params = jax.tree.map(lambda x: rng.normal(0.0, 0.1, x.shape).astype(np.float32), nn.unbox(abstract.params))
   state = state_lib.TrainState(step=np.int32(0), params=params, opt_state=jax.device_get(tx.init(params)),
                                rng=np.array([0, 1], np.uint32))
-  step = functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1)
+  step = functools.partial(step_lib.train_step, model=model, tx=tx, label_smoothing=0.1)
   if mesh is None:
     fn = jax.jit(step)
   else:

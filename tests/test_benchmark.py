@@ -16,7 +16,7 @@ from transformer_jax.training import flops as flops_lib
 from transformer_jax.training import memory
 from transformer_jax.training import optim
 from transformer_jax.training import state as state_lib
-from transformer_jax.training import train
+from transformer_jax.training import step as step_lib
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 SMALL = dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, d_k=64, d_v=64, vocab_size=8000)
@@ -92,7 +92,7 @@ def test_analytic_flops_agree_with_xla_cost_analysis_on_base():
   tx = optim.make_optimizer(optim.rsqrt_schedule(cfg.d_model, 4000))
   batch = benchmark.synthetic_batch(cfg, 4, 32, 32)
   state = jax.eval_shape(lambda: nn.unbox(state_lib.create_train_state(jax.random.key(0), model, tx, batch)))
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1))
+  step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, label_smoothing=0.1))
   xla_flops = step.lower(state, batch).cost_analysis()['flops']
   analytic = 3 * flops_lib.forward_flops(cfg, 4, 32, 32)
   assert abs(xla_flops / analytic - 1.0) < 0.10, (xla_flops, analytic)
@@ -108,7 +108,7 @@ def test_bfloat16_step_loss_is_within_tolerance_of_float32():
     tx = optim.make_optimizer(optim.rsqrt_schedule(cfg.d_model, 10))
     batch = {k: jnp.asarray(v) for k, v in benchmark.synthetic_batch(cfg, 8, 16, 16).items()}
     state = nn.unbox(state_lib.create_train_state(jax.random.key(0), model, tx, batch))
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1))
+    step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, label_smoothing=0.1))
     values = []
     for _ in range(3):
       state, metrics = step(state, batch)
@@ -148,14 +148,14 @@ def test_benchmark_mode_runs(name, capsys):
 
 @pytest.mark.integration
 def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, capsys):
-  """The benchmark jits `train.jit_train_step` of a Build made by `experiment.compute_setup`: its optimiser honours
+  """The benchmark jits `step_lib.jit_train_step` of a Build made by `experiment.compute_setup`: its optimiser honours
   every train.* optimiser field (it once built its own Adam, ignoring them)."""
   config = load_config('smoke')
   config.train.update(learning_rate_scale=3.0, adam_b1=0.8, adam_b2=0.9, adam_eps=1e-6, grad_clip_norm=0.5,
                       warmup_steps=7)
   used = []
-  real = train.jit_train_step
-  monkeypatch.setattr(train, 'jit_train_step', lambda setup, *args: used.append(setup) or real(setup, *args))
+  real = step_lib.jit_train_step
+  monkeypatch.setattr(step_lib, 'jit_train_step', lambda setup, *args: used.append(setup) or real(setup, *args))
   _run_benchmark(config, capsys)
   assert len(used) == 1
   setup = used[0]

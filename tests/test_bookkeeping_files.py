@@ -54,7 +54,7 @@ def test_a_damaged_config_json_is_named(run, text):
 
 @pytest.mark.parametrize('text', ['{"loss": 1.0', '[]', '', 'null'])
 def test_a_damaged_final_metrics_json_is_named(monkeypatch, run, text):
-  from transformer_jax.training import train  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import train  # pylint: disable=g-import-not-at-top
   (run / workdir_lib.FINAL_METRICS).write_text(text)
   setup = type('Setup', (), {'workdir': str(run), 'checkpoints': type('M', (), {
       'latest_step': staticmethod(lambda: 6), 'directory': str(run / 'checkpoints')})()})()
@@ -74,7 +74,7 @@ def test_a_damaged_vocabulary_sha256_is_named_and_the_vocabulary_not_blamed(run,
 
 
 def test_num_train_steps_below_the_newest_checkpoint_is_refused(run):
-  from transformer_jax.training import train  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import train  # pylint: disable=g-import-not-at-top
   setup = type('Setup', (), {'workdir': str(run), 'checkpoints': type('M', (), {
       'latest_step': staticmethod(lambda: 4), 'directory': str(run / 'checkpoints')})()})()
   with pytest.raises(errors.ConfigError, match=r'train.num_train_steps=2 is below step 4'):

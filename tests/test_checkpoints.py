@@ -329,7 +329,7 @@ def test_background_save_failure_stops_naming_the_step_and_keeps_good_checkpoint
 def test_checkpoints_of_older_code_still_open_with_todays_fingerprint(tmp_path):
   """A fingerprint written before ModelConfig gained attention_product_dtype (and the variant fields) must
   agree with today's for the same architecture: those fields change no parameter or are at their defaults."""
-  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+  from transformer_jax.run import config_checks  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = workdir_lib.load_config(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'smoke.py')
   model_cfg = config_checks.validate_config(config)

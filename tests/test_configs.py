@@ -15,7 +15,7 @@ import pytest
 
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import summary
-from transformer_jax.training import config_checks
+from transformer_jax.run import config_checks
 from transformer_jax.training import flops
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -183,10 +183,10 @@ def test_multi30k_takes_the_target_language():
 
 def test_validation_names_a_bad_early_stopping():
   config = load_config_module(CONFIG_DIR / 'base.py').get_config()
-  config_checks.validate_config(config, num_devices=1)
+  config_checks.validate_config(config)
   config.decode.early_stopping = 'eager'
   with pytest.raises(ValueError, match=r"decode\.early_stopping must be one of \('bound', 'finished'\), got 'eager'"):
-    config_checks.validate_config(config, num_devices=1)
+    config_checks.validate_config(config)
 
 
 def test_validation_names_a_bad_decoding_batch():
@@ -194,21 +194,21 @@ def test_validation_names_a_bad_decoding_batch():
     config = load_config_module(CONFIG_DIR / 'base.py').get_config()
     config.decode.tokens_per_batch = value
     with pytest.raises(ValueError, match=r'decode\.tokens_per_batch must be an integer >= 0'):
-      config_checks.validate_config(config, num_devices=1)
+      config_checks.validate_config(config)
   config.decode.tokens_per_batch = 1  # Raised to one row of the longest bucket per data shard when decoding.
-  config_checks.validate_config(config, num_devices=8)
+  config_checks.validate_config(config)
   for value in (True, False, -1):
     config = load_config_module(CONFIG_DIR / 'base.py').get_config()
     config.decode.compact_every_steps = value
     with pytest.raises(ValueError, match=r'decode\.compact_every_steps must be an integer >= 0'):
-      config_checks.validate_config(config, num_devices=1)
+      config_checks.validate_config(config)
   config.decode.compact_every_steps = 0
-  config_checks.validate_config(config, num_devices=1)
+  config_checks.validate_config(config)
   for value in (True, -1):
     config = load_config_module(CONFIG_DIR / 'base.py').get_config()
     config.decode.concurrent_batches = value
     with pytest.raises(ValueError, match=r'decode\.concurrent_batches must be an integer >= 0'):
-      config_checks.validate_config(config, num_devices=1)
+      config_checks.validate_config(config)
 
 
 @pytest.mark.parametrize('recipe', list(RECIPES.ROWS))

@@ -23,7 +23,6 @@ from transformer_jax.decoding import backends
 from transformer_jax.decoding import beam
 from transformer_jax.decoding import translate
 from transformer_jax.model import attention
-from transformer_jax.model import transformer as model_lib
 
 CPU = cpu_backend.CpuDecoding()
 
@@ -322,13 +321,13 @@ def test_cross_attention_equals_the_xla_path(dtype, tolerance, kv_heads):
 @pytest.mark.integration
 @pytest.mark.parametrize('kernel', ['cpu', 'xla'])
 def test_weights_cast_before_the_search_decode_the_same(kernel, request):
-  """`transformer.params_in_compute_dtype` (what translate.decode_all does once) leaves a bf16 search's tokens and
+  """`translate.params_in_compute_dtype` (what translate.decode_all does once) leaves a bf16 search's tokens and
   scores exactly as casting inside every step does; norm parameters (1-D) stay float32."""
   if kernel == 'cpu':
     request.getfixturevalue('kernels')
   model = make_model(dtype='bfloat16', decoding_kernel=kernel)
   params = init_params(model, seed=4)
-  cast = model_lib.params_in_compute_dtype(params, model.cfg)
+  cast = translate.params_in_compute_dtype(params, model.cfg)
   assert cast['shared_embedding']['embedding'].dtype == jnp.bfloat16
   assert {x.dtype for x in jax.tree.leaves(cast) if x.ndim == 1} == {jnp.dtype(jnp.float32)}
   decode = lambda p: translate.decode_batch(p, jnp.asarray(SOURCE), model=model, beam_size=3, alpha=0.6,

@@ -5,7 +5,7 @@ The tiny run itself trains in tests/test_notebook.py (integration); this checks 
 import pytest
 
 from transformer_jax.tools import demo
-from transformer_jax.training import config_checks
+from transformer_jax.run import config_checks
 
 
 def test_tiny_config_reads_the_corpus_files_and_checkpoints_twice(multi30k_dir):

@@ -36,7 +36,7 @@ def raises_directly(function: ast.FunctionDef) -> bool:
 
 
 def module_name(path: pathlib.Path) -> str:
-  """The path below the package, e.g. 'training/train.py'."""
+  """The path below the package, e.g. 'training/step.py'."""
   return path.relative_to(PACKAGE).as_posix()
 
 

@@ -238,7 +238,8 @@ def test_translate_keeps_every_line_in_order_with_blank_lines(tmp_path):
   # The tests' synthetic corpus (tiny_runs.py) is enough: the vocabulary is not the point.
   lines = ['a man runs on the street', '', 'two dogs play in the snow', '', 'a child']
   english = [pair[0] for pair in tiny_runs.synthetic_pairs(200, seed=0)]
-  tokenizer = tokenizer_lib.train_or_load(tmp_path, lambda: english, vocab_size=tiny_runs.VOCAB_SIZE)
+  tokenizer = tokenizer_lib.train_or_load(tmp_path / f'spm_{tiny_runs.VOCAB_SIZE}.model', lambda: english,
+                                          vocab_size=tiny_runs.VOCAB_SIZE)
   model = model_lib.Transformer(model_lib.ModelConfig(
       vocab_size=tokenizer.vocab_size, num_layers=1, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8))
   params = nn.unbox(model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32)))['params']

@@ -12,7 +12,7 @@ from transformer_jax.evaluation import evaluate
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import export
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 
 from tiny_runs import text_config  # pylint: disable=g-bad-import-order
 from tiny_runs import VOCAB_SIZE
@@ -26,7 +26,7 @@ STEPS = 300  # Enough for the tiny model to translate the synthetic corpus (word
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory, corpus):
   """A tiny run trained STEPS steps, its averaged parameters and a float32 export of them."""
-  from transformer_jax.training import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+  from transformer_jax.run import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   workdir = tmp_path_factory.mktemp('export_run')
   config = text_config(corpus, num_train_steps=STEPS, warmup_steps=50, eval_every_steps=STEPS,
                        checkpoint_every_steps=STEPS // 2)

@@ -17,7 +17,8 @@ from transformer_jax.data import train_iterator
 from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import state as state_lib
-from transformer_jax.training import train
+from transformer_jax.run import train
+from transformer_jax.training import step as step_lib
 
 VOCAB = 40
 MODEL = model_lib.Transformer(model_lib.ModelConfig(
@@ -57,7 +58,7 @@ def init_state(tx, batch):
 
 
 def step_fn(tx, grad_accum_steps):
-  return jax.jit(functools.partial(train.train_step, model=MODEL, tx=tx, label_smoothing=0.1,
+  return jax.jit(functools.partial(step_lib.train_step, model=MODEL, tx=tx, label_smoothing=0.1,
                                    grad_accum_steps=grad_accum_steps))
 
 
@@ -146,7 +147,7 @@ def test_losses_through_the_pipeline_agree_on_one_and_eight_devices():
           functools.partial(state_lib.create_train_state, model=MODEL, tx=tx, batch=first), jax.random.key(0)), mesh,
           rules)
       batch_sharding = sharding.batch_sharding(mesh)
-      fn = jax.jit(functools.partial(train.train_step, model=MODEL, tx=tx, label_smoothing=0.1),
+      fn = jax.jit(functools.partial(step_lib.train_step, model=MODEL, tx=tx, label_smoothing=0.1),
                    in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None))
       state, losses = jax.device_put(state, state_sharding), []
       for _ in range(3):
@@ -232,7 +233,7 @@ def test_accumulation_with_packing_remat_bf16_on_a_mesh_matches_one_batch():
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       state_sharding = sharding.logical_to_sharding(abstract, mesh, rules)
       batch_sharding = sharding.batch_sharding(mesh)
-      fn = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1,
+      fn = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, label_smoothing=0.1,
                                      grad_accum_steps=n),
                    in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None))
       state, losses = jax.device_put(state, state_sharding), []

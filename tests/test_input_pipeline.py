@@ -16,7 +16,7 @@ from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import multi30k
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.training import config_checks
+from transformer_jax.run import config_checks
 
 tfds.disable_progress_bar()
 
@@ -46,7 +46,7 @@ def data_config(**overrides):
 def tokenizer(multi30k_dir, tmp_path_factory):
   def sentences():
     return [line for lang in ('en', 'de') for line in multi30k.read_lines(multi30k_dir / f'train.{lang}.gz')]
-  return tokenizer_lib.train_or_load(tmp_path_factory.mktemp('vocab'), sentences, 8000)
+  return tokenizer_lib.train_or_load(tmp_path_factory.mktemp('vocab') / 'spm_8000.model', sentences, 8000)
 
 
 def test_eval_batches_keep_every_line(tokenizer, multi30k_dir, caplog):
@@ -231,12 +231,12 @@ def test_get_tokenizer_logs_validation_lines_that_do_not_round_trip(tmp_path, mu
                                        for lang, lines in (('en', source), ('de', target)))
   data = data_config(dataset='text', vocab_size=1000, **files)
   with caplog.at_level(logging.INFO):
-    tokenizer = input_pipeline.get_tokenizer(data, str(tmp_path / 'run'))
+    tokenizer = input_pipeline.get_tokenizer(data, str(tmp_path / 'run' / f'spm_{data.vocab_size}.model'))
   assert tokenizer.normalization == 'nmt_nfkc'
   assert ("Normalisation 'nmt_nfkc': 2 of 4 validation target lines (50.00%) do not round-trip" in caplog.text)
   assert "line 1: 'Er wartet…' -> 'Er wartet...'" in caplog.text and "line 3: 'Nummer １２' -> 'Nummer 12'" in caplog.text
   data.tokenizer_normalization = 'identity'
   caplog.clear()
   with caplog.at_level(logging.INFO):
-    input_pipeline.get_tokenizer(data, str(tmp_path / 'identity'))
+    input_pipeline.get_tokenizer(data, str(tmp_path / 'identity' / f'spm_{data.vocab_size}.model'))
   assert "Normalisation 'identity': 0 of 4 validation target lines (0.00%) do not round-trip" in caplog.text

@@ -209,7 +209,8 @@ def test_load_config_from_files_and_workdir(tmp_path):
 def test_load_run_and_sentence_attention(tmp_path):
   words = ['a', 'dog', 'runs', 'the', 'cat', 'sleeps', 'ein', 'hund', 'rennt', 'die', 'katze', 'schläft']
   sentences = [' '.join(words[(i + j) % len(words)] for j in range(4)) for i in range(200)]
-  tokenizer = tokenizer_lib.train_or_load(tmp_path, lambda: sentences, vocab_size=300, max_sentences=1000)
+  tokenizer = tokenizer_lib.train_or_load(tmp_path / 'spm_300.model', lambda: sentences, vocab_size=300,
+                                          max_sentences=1000)
   config = workdir_lib.load_config(REPO_ROOT / 'configs' / 'smoke.py')
   config.data.vocab_size = 300
   workdir_lib.save_config(config, tmp_path)

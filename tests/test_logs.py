@@ -9,7 +9,7 @@ from absl import logging
 import pytest
 
 from transformer_jax import logs
-from transformer_jax.training import train
+from transformer_jax.run import train
 
 
 class FakeClock:

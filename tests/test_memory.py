@@ -8,9 +8,9 @@ import pytest
 
 from transformer_jax.model import sharding
 from transformer_jax.tools import benchmark
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 from transformer_jax.training import memory
-from transformer_jax.training import train
+from transformer_jax.training import step as step_lib
 
 from configs import smoke  # pylint: disable=g-bad-import-order
 
@@ -55,7 +55,7 @@ def test_benchmark_lowers_the_batch_until_the_step_fits(monkeypatch, capsys):
   config = _tiny_benchmark_config(32)
   s = experiment.compute_setup(config)
   abstract_state = s.abstract_state()
-  step_fn = train.jit_train_step(s, sharding.shardings_of(abstract_state), config.train.label_smoothing)
+  step_fn = step_lib.jit_train_step(s, sharding.shardings_of(abstract_state), config.train.label_smoothing)
   fitting = benchmark._fitting_step  # pylint: disable=protected-access
   need = {b: memory.memory_figures(fitting(s, config.benchmark, step_fn, abstract_state, b)[1])['total_in_bytes']
           for b in (16, 32)}
@@ -83,7 +83,8 @@ def test_train_step_check_names_the_batch_fields(monkeypatch):
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[8, 32\] needs .*'
                                                    r'Lower data\.tokens_per_batch, data\.max_length'):
-    memory.check_train_step(s, train.jit_train_step(s, s.state_sharding(), 0.1), config.data)
+    memory.check_train_step(s, step_lib.jit_train_step(s, s.state_sharding(), 0.1), config.data,
+                            [memory.largest_batch_shape(config.data, s.rows_multiple)])
 
 
 @pytest.mark.integration
@@ -94,5 +95,5 @@ def test_train_step_check_takes_the_longest_of_the_shapes_training_feeds(monkeyp
   s = experiment.compute_setup(config)
   limit_memory(monkeypatch, 1024)
   with pytest.raises(memory.DoesNotFitError, match=r'The train step at its largest batch \[16, 24\] needs'):
-    memory.check_train_step(s, train.jit_train_step(s, s.state_sharding(), 0.1), config.data,
+    memory.check_train_step(s, step_lib.jit_train_step(s, s.state_sharding(), 0.1), config.data,
                             [(32, 8), (16, 24), (24, 16)])

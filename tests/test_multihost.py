@@ -25,14 +25,13 @@ from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
 from transformer_jax.data import train_iterator
 from transformer_jax.decoding import translate
-from transformer_jax.evaluation import evaluate
 from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import distributed
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 from transformer_jax.training import optim
 from transformer_jax.training import state as state_lib
-from transformer_jax.training import train
+from transformer_jax.training import step as step_lib
 
 import processes  # pylint: disable=g-bad-import-order  (tests/processes.py)
 
@@ -106,8 +105,8 @@ def _worker_main() -> None:
         jax.random.key(0), model, tx, s.device_batch(batches[0]), mesh, rules)
   else:
     state, state_sharding = _random_state(model, tx, mesh, rules, batches[0])
-  train_fn = train.jit_train_step(s, state_sharding, config.train.label_smoothing)
-  eval_fn = evaluate.jit_eval_step(s, state_sharding.params, config.train.label_smoothing)
+  train_fn = step_lib.jit_train_step(s, state_sharding, config.train.label_smoothing)
+  eval_fn = step_lib.jit_eval_step(s, state_sharding.params, config.train.label_smoothing)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     first = s.device_batch(batches[0])
     eval_fn = eval_fn.lower(state.params, first).compile()

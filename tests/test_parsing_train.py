@@ -11,7 +11,7 @@ import pytest
 from transformer_jax import errors
 from transformer_jax.data import treebank
 from transformer_jax.evaluation import parsing
-from transformer_jax.training import config_checks
+from transformer_jax.run import config_checks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -50,13 +50,13 @@ def test_score_split_of_gold_outputs_is_100_and_of_one_flat_output_worked_by_han
 def test_the_metric_goes_with_the_dataset():
   config = parsing_config.get_config('cpu')
   config.data.treebank_dir = '/nonexistent'
-  config_checks.validate_config(config, num_devices=1)
+  config_checks.validate_config(config)
   config.eval.metric = 'bleu'
   with pytest.raises(errors.ConfigError, match="eval.metric must be 'f1' with data.dataset='treebank'.*got 'bleu'"):
-    config_checks.validate_config(config, num_devices=1)
+    config_checks.validate_config(config)
   config.eval.metric, config.data.dataset = 'f1', 'multi30k'
   with pytest.raises(errors.ConfigError, match="data.dataset='multi30k', got 'f1'"):
-    config_checks.validate_config(config, num_devices=1)
+    config_checks.validate_config(config)
 
 
 def _main(*flags: str, cwd: pathlib.Path, timeout: float = 600) -> subprocess.CompletedProcess:

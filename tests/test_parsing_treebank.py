@@ -85,7 +85,8 @@ def test_the_tokenizer_keeps_every_output_symbol_one_piece(synthetic_treebank, t
   from transformer_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
   sources, targets = treebank.split_pairs(synthetic_treebank, 'train')
   symbols = treebank.output_symbols(treebank.split_trees(synthetic_treebank, 'train'))
-  vocabulary = tokenizer.train_or_load(tmp_path, lambda: sources + targets, 512, user_defined_symbols=symbols)
+  vocabulary = tokenizer.train_or_load(tmp_path / 'spm_512.model', lambda: sources + targets, 512,
+                                       user_defined_symbols=symbols)
   ids = vocabulary.encode(targets[:50])
   assert [len(row) for row in ids] == [len(target.split()) for target in targets[:50]]
   assert vocabulary.decode(ids) == targets[:50]

@@ -11,7 +11,7 @@ from configs import table3
 from configs import table3_multi30k
 from transformer_jax.decoding import translate
 from transformer_jax.model import transformer as model_lib
-from transformer_jax.training import config_checks
+from transformer_jax.run import config_checks
 
 
 def learned_model(max_length):

@@ -21,9 +21,10 @@ import pytest
 
 from transformer_jax.evaluation import evaluate
 from transformer_jax.storage import workdir as workdir_lib
-from transformer_jax.training import config_checks
-from transformer_jax.training import experiment
-from transformer_jax.training import train
+from transformer_jax.run import config_checks
+from transformer_jax.run import evaluate as evaluate_mode
+from transformer_jax.run import experiment
+from transformer_jax.run import train
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps
@@ -472,7 +473,7 @@ def test_mode_evaluate_writes_a_new_folder_and_leaves_the_runs_files(tmp_path, c
   before = snapshot(workdir)
   config = config_checks.config_for_mode(text_config(corpus), str(workdir), 'evaluate')
   for _ in range(2):  # Twice, however close in time: two folders.
-    results = evaluate.evaluate_checkpoint(config, str(workdir))
+    results = evaluate_mode.evaluate_checkpoint(config, str(workdir))
   folders = sorted((workdir / 'evaluations').iterdir())
   assert len(folders) == 2
   for folder in folders:
@@ -495,7 +496,7 @@ def test_second_writer_stops_at_once_naming_the_holder(tmp_path, corpus, referen
       train.train_and_evaluate(config, str(workdir))
     assert snapshot(workdir) == before
     with pytest.raises(workdir_lib.WorkdirInUseError):  # An evaluation writes too.
-      evaluate.evaluate_checkpoint(config_checks.config_for_mode(config, str(workdir), 'evaluate'), str(workdir))
+      evaluate_mode.evaluate_checkpoint(config_checks.config_for_mode(config, str(workdir), 'evaluate'), str(workdir))
   assert (workdir / workdir_lib.LOCK).read_text() == ''  # Released on exit (the file stays, empty).
 
 

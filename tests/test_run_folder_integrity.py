@@ -14,12 +14,13 @@ import pytest
 
 from transformer_jax import errors
 from transformer_jax.evaluation import evaluate
-from transformer_jax.evaluation import tune_decoding
+from transformer_jax.run import evaluate as evaluate_mode
+from transformer_jax.run import tune_decoding
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.storage import checkpoint_checks
-from transformer_jax.training import config_checks
-from transformer_jax.training import experiment
-from transformer_jax.training import train
+from transformer_jax.run import config_checks
+from transformer_jax.run import experiment
+from transformer_jax.run import train
 
 from tiny_runs import NUM_STEPS  # pylint: disable=g-bad-import-order
 from tiny_runs import text_config
@@ -48,10 +49,10 @@ def _reading_modes(run: pathlib.Path, tmp_path: pathlib.Path) -> None:
   """translate, export (beside a user's <output>.tmp), evaluate --output and tune_decoding --output on run."""
   (tmp_path / 'in.txt').write_text('a man runs\n\nthe red dog\n')
   config = config_checks.config_for_mode(workdir_lib.load_config(str(run)), str(run), 'translate')
-  evaluate.translate_file(config, str(run), str(tmp_path / 'in.txt'), str(tmp_path / 'out.txt'))
+  evaluate_mode.translate_file(config, str(run), str(tmp_path / 'in.txt'), str(tmp_path / 'out.txt'))
   assert len((tmp_path / 'out.txt').read_text().splitlines()) == 3
   config = config_checks.config_for_mode(workdir_lib.load_config(str(run)), str(run), 'evaluate')
-  evaluate.evaluate_checkpoint(config, str(run), str(tmp_path / 'evaluation'))
+  evaluate_mode.evaluate_checkpoint(config, str(run), str(tmp_path / 'evaluation'))
   assert (tmp_path / 'evaluation' / workdir_lib.FINAL_METRICS).is_file()
   config = config_checks.config_for_mode(workdir_lib.load_config(str(run)), str(run), 'tune_decoding')
   tune_decoding.tune_decoding(config, str(run), [1], [0.6], output_dir=str(tmp_path / 'sweep'))

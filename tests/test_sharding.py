@@ -25,7 +25,7 @@ from transformer_jax.tools import aot
 from transformer_jax.training import memory
 from transformer_jax.training import optim
 from transformer_jax.training import state as state_lib
-from transformer_jax.training import train
+from transformer_jax.training import step as step_lib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -90,7 +90,7 @@ def run_steps(state, mesh_cfg, devices=None, num_steps=2):
   batch_sharding = sharding.batch_sharding(mesh)
   state = jax.device_put(state, state_sharding)
   batch = jax.device_put(make_batch(), batch_sharding)
-  step_fn = jax.jit(functools.partial(train.train_step, model=MODEL, tx=TX, label_smoothing=LABEL_SMOOTHING),
+  step_fn = jax.jit(functools.partial(step_lib.train_step, model=MODEL, tx=TX, label_smoothing=LABEL_SMOOTHING),
                     in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
                     donate_argnums=0)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

@@ -108,7 +108,7 @@ def test_truncated_archive_is_named_and_downloaded_again_next_run(monkeypatch, t
 
 def test_an_offline_training_run_stops_before_its_workdir_is_made(monkeypatch, tmp_path):
   """The download error comes before experiment.setup writes anything (no empty run folder, no checkpoints/)."""
-  from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import experiment  # pylint: disable=g-import-not-at-top
 
   def send(self, request, **kwargs):
     raise requests.exceptions.ConnectionError(f'no internet: {request.url}')

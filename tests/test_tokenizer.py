@@ -27,7 +27,8 @@ def training_sentences(multi30k_dir, num_lines=None):
 
 @pytest.fixture(scope='module')
 def tokenizer(multi30k_dir, tmp_path_factory) -> tokenizer_lib.Tokenizer:
-  return tokenizer_lib.train_or_load(tmp_path_factory.mktemp('vocab'), training_sentences(multi30k_dir), 8000)
+  return tokenizer_lib.train_or_load(tmp_path_factory.mktemp('vocab') / 'spm_8000.model',
+                                     training_sentences(multi30k_dir), 8000)
 
 
 def normalized(text: str) -> str:
@@ -88,8 +89,8 @@ def test_decode_stops_at_eos_and_drops_pad_bos(tokenizer):
 def test_train_or_load_loads_existing_file(tokenizer, multi30k_dir, tmp_path):
   def fail():
     raise AssertionError('must not train again')
-  first = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 2000), 1000)
-  second = tokenizer_lib.train_or_load(tmp_path, fail, 1000)
+  first = tokenizer_lib.train_or_load(tmp_path / 'spm_1000.model', training_sentences(multi30k_dir, 2000), 1000)
+  second = tokenizer_lib.train_or_load(tmp_path / 'spm_1000.model', fail, 1000)
   assert [p.name for p in tmp_path.iterdir()] == ['spm_1000.model']  # No temporary file left.
   assert second.encode(UNSEEN) == first.encode(UNSEEN)
 
@@ -97,24 +98,27 @@ def test_train_or_load_loads_existing_file(tokenizer, multi30k_dir, tmp_path):
 def test_other_processes_wait_for_process_0(multi30k_dir, tmp_path):
   results = {}
   waiter = threading.Thread(target=lambda: results.update(
-      waiter=tokenizer_lib.train_or_load(tmp_path, None, 1000, process_index=1, poll_secs=0.05, timeout_secs=60)))
+      waiter=tokenizer_lib.train_or_load(tmp_path / 'spm_1000.model', None, 1000, process_index=1, poll_secs=0.05,
+                                         timeout_secs=60)))
   waiter.start()
-  trained = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 2000), 1000, process_index=0)
+  trained = tokenizer_lib.train_or_load(tmp_path / 'spm_1000.model', training_sentences(multi30k_dir, 2000), 1000,
+                                        process_index=0)
   waiter.join(timeout=60)
   assert results['waiter'].encode(UNSEEN) == trained.encode(UNSEEN)
 
 
 def test_wait_times_out(tmp_path):
   with pytest.raises(TimeoutError, match='Process 3: .*spm_500.model did not appear within 0.1 s'):
-    tokenizer_lib.train_or_load(tmp_path, None, 500, process_index=3, timeout_secs=0.1, poll_secs=0.02)
+    tokenizer_lib.train_or_load(tmp_path / 'spm_500.model', None, 500, process_index=3, timeout_secs=0.1,
+                                poll_secs=0.02)
 
 
 def test_a_vocabulary_the_corpus_cannot_fill_names_data_vocab_size(tmp_path):
   sentences = lambda: ['A man rides a bike.', 'Ein Mann fährt Rad.'] * 20
   with pytest.raises(ValueError, match=r'data.vocab_size=100 does not fit this corpus: .*smaller than required'):
-    tokenizer_lib.train_or_load(tmp_path, sentences, 100)  # Fewer than 256 bytes + characters + specials.
+    tokenizer_lib.train_or_load(tmp_path / 'spm_100.model', sentences, 100)  # Fewer than 256 bytes + characters + specials.
   with pytest.raises(ValueError, match=r'data.vocab_size=5000 does not fit this corpus: .*too high'):
-    tokenizer_lib.train_or_load(tmp_path, sentences, 5000)
+    tokenizer_lib.train_or_load(tmp_path / 'spm_5000.model', sentences, 5000)
   assert not list(tmp_path.iterdir())  # Nothing written.
 
 
@@ -123,7 +127,7 @@ import hashlib, pathlib, sys
 from transformer_jax.data import multi30k, tokenizer
 folder, workdir, seed = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 lines = lambda: [line for lang in ('en', 'de') for line in multi30k.read_lines(folder / f'train.{lang}.gz')[:4000]]
-tokenizer.train_or_load(workdir, lines, 1000, max_sentences=1500, seed=seed)
+tokenizer.train_or_load(pathlib.Path(workdir, 'spm_1000.model'), lines, 1000, max_sentences=1500, seed=seed)
 print(hashlib.sha256(pathlib.Path(workdir, 'spm_1000.model').read_bytes()).hexdigest())
 """
 
@@ -164,7 +168,8 @@ def test_bpe_dropout_samples_other_segmentations_of_the_same_text(tokenizer, mul
   assert tokenizer.encode(lines, bpe_dropout_rate=0.0) == deterministic
   with pytest.raises(ValueError, match=r'BPE-dropout rate must be in \[0, 1\), got 1.0'):
     tokenizer.encode(lines, bpe_dropout_rate=1.0)
-  unigram = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 3000), 1000, model_type='unigram')
+  unigram = tokenizer_lib.train_or_load(tmp_path / 'spm_1000.model', training_sentences(multi30k_dir, 3000), 1000,
+                                        model_type='unigram')
   with pytest.raises(ValueError, match='BPE-dropout needs a BPE vocabulary'):
     unigram.encode(lines, bpe_dropout_rate=0.1)
 
@@ -177,7 +182,7 @@ def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization
   """nmt_nfkc folds '…', full-width digits, ligatures and superscripts; 'identity' keeps them (#16 item 8)."""
   lines = ['Ein Mann läuft.'] + CHANGED_BY_NFKC
   trained = []
-  tokenizer = tokenizer_lib.train_or_load(tmp_path, training_sentences(multi30k_dir, 2000), 1000,
+  tokenizer = tokenizer_lib.train_or_load(tmp_path / 'spm_1000.model', training_sentences(multi30k_dir, 2000), 1000,
                                           normalization=normalization, on_trained=trained.append)
   assert tokenizer.normalization == normalization and len(trained) == 1
   assert tokenizer_lib.round_trip(tokenizer, lines) == changed
@@ -186,7 +191,7 @@ def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization
   other = 'identity' if normalization == 'nmt_nfkc' else 'nmt_nfkc'
   with pytest.raises(ValueError, match=f"trained with normalisation '{normalization}', not "
                                        f"data.tokenizer_normalization='{other}'"):
-    tokenizer_lib.train_or_load(tmp_path, None, 1000, normalization=other)
+    tokenizer_lib.train_or_load(tmp_path / 'spm_1000.model', None, 1000, normalization=other)
   assert len(trained) == 1  # Loading an existing file does not call on_trained.
 
 
@@ -199,7 +204,7 @@ def test_normalization_rule_and_round_trip(multi30k_dir, tmp_path, normalization
 ])
 def test_config_checks_the_tokenizer_fields_at_start_up(key, value, match):
   from configs import base  # pylint: disable=g-import-not-at-top
-  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import config_checks  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.data[key] = value
   with pytest.raises(ValueError, match=match):

@@ -23,12 +23,13 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.evaluation import evaluate
 from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
-from transformer_jax.training import config_checks
-from transformer_jax.training import experiment
+from transformer_jax.run import config_checks
+from transformer_jax.run import experiment
 from transformer_jax.training import goodput
 from transformer_jax.training import optim
 from transformer_jax.training import state as state_lib
-from transformer_jax.training import train
+from transformer_jax.run import train
+from transformer_jax.training import step as step_lib
 
 from tiny_runs import assert_same_batches  # pylint: disable=g-bad-import-order
 from tiny_runs import checkpoint_steps
@@ -71,8 +72,8 @@ def test_tiny_model_overfits_one_batch():
   batch = jax.tree.map(jnp.asarray, copy_task_batch(np.random.default_rng(0), 4, 10, 32))
   tx = optim.make_optimizer(optim.rsqrt_schedule(32, 20, learning_rate_scale=0.3))
   state = jax.jit(lambda rng: nn.unbox(state_lib.create_train_state(rng, model, tx, batch)))(jax.random.key(0))
-  step_fn = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.0))
-  eval_fn = jax.jit(functools.partial(evaluate.eval_step, model=model, label_smoothing=0.0))
+  step_fn = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, label_smoothing=0.0))
+  eval_fn = jax.jit(functools.partial(step_lib.eval_step, model=model, label_smoothing=0.0))
   first = eval_fn(state.params, batch)
   for _ in range(60):
     state, metrics = step_fn(state, batch)
@@ -88,14 +89,14 @@ def test_tiny_model_overfits_one_batch():
 @pytest.mark.integration
 def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypatch):
   traces = []
-  original = train.train_step
+  original = step_lib.train_step
 
   @functools.wraps(original)  # The same name, hence the same compiled program (and cache entry), as training's.
   def counting_train_step(state, batch, **kwargs):
     traces.append(batch['source_tokens'].shape)  # Runs only while jax traces the function.
     return original(state, batch, **kwargs)
 
-  monkeypatch.setattr(train, 'train_step', counting_train_step)
+  monkeypatch.setattr(step_lib, 'train_step', counting_train_step)
   config = smoke.get_config()
   config.data.vocab_size = VOCAB_SIZE
   model_cfg = config_checks.validate_config(config)
@@ -108,7 +109,7 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   batch_c, batch_d = (copy_task_batch(rng, 16, 16, VOCAB_SIZE) for _ in range(2))
   state, state_sharding = state_lib.sharded_train_state(jax.random.key(0), s.model, tx, s.device_batch(batch_a),
                                                         mesh, rules)
-  train_fn = train.jit_train_step(s, state_sharding, config.train.label_smoothing)
+  train_fn = step_lib.jit_train_step(s, state_sharding, config.train.label_smoothing)
   copy = lambda tree: jax.tree.map(jnp.copy, tree)  # train_fn donates the state it is given.
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state_1, metrics_1 = train_fn(copy(state), s.device_batch(batch_a))

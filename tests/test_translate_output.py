@@ -8,7 +8,8 @@ import pytest
 
 from transformer_jax import errors
 from transformer_jax.evaluation import evaluate
-from transformer_jax.training import experiment
+from transformer_jax.run import evaluate as evaluate_mode
+from transformer_jax.run import experiment
 
 
 def _refuse_setup(*args, **kwargs):
@@ -22,7 +23,7 @@ def test_an_output_that_cannot_be_written_stops_translate_before_the_model_is_lo
   (tmp_path / 'in.txt').write_text('a man\n')
   monkeypatch.setattr(experiment, 'setup', _refuse_setup)
   with pytest.raises(errors.PathError, match=rf'--output={tmp_path / output}'):
-    evaluate.translate_file(None, str(tmp_path / 'run'), str(tmp_path / 'in.txt'), str(tmp_path / output))
+    evaluate_mode.translate_file(None, str(tmp_path / 'run'), str(tmp_path / 'in.txt'), str(tmp_path / output))
 
 
 class _FakeSetup:
@@ -43,10 +44,10 @@ def test_a_line_break_decoded_from_byte_pieces_never_splits_an_output_line(monke
   (tmp_path / 'in.txt').write_text('a man\n\nthe dog\n')
   monkeypatch.setattr(experiment, 'setup', lambda *args, **kwargs: _FakeSetup())
   monkeypatch.setattr(evaluate, 'load_params', lambda *args: ({}, [6]))
-  monkeypatch.setattr(evaluate.input_pipeline, 'encode', lambda tokenizer, lines: lines)
+  monkeypatch.setattr(evaluate_mode.input_pipeline, 'encode', lambda tokenizer, lines: lines)
   monkeypatch.setattr(evaluate, 'translate_ids', lambda config, setup, params, lines: [decoded] * len(lines))
   config = ml_collections.ConfigDict({'data': {'dataset': 'multi30k'}, 'eval': {}, 'train': {'num_train_steps': 6}})
-  evaluate.translate_file(config, str(tmp_path), str(tmp_path / 'in.txt'), str(tmp_path / 'out.txt'))
+  evaluate_mode.translate_file(config, str(tmp_path), str(tmp_path / 'in.txt'), str(tmp_path / 'out.txt'))
   written = (tmp_path / 'out.txt').read_text(encoding='utf-8')
   lines = written.splitlines()  # Splits at every line break there is.
   assert len(lines) == 3 and lines[1] == '' and lines[0] == lines[2] and lines[0].split() == ['ein', 'mann']

@@ -10,9 +10,9 @@ from transformer_jax.data import input_pipeline
 from transformer_jax.decoding import translate
 from transformer_jax.evaluation import bleu
 from transformer_jax.evaluation import evaluate
-from transformer_jax.evaluation import tune_decoding
-from transformer_jax.training import config_checks
-from transformer_jax.training import experiment
+from transformer_jax.run import tune_decoding
+from transformer_jax.run import config_checks
+from transformer_jax.run import experiment
 
 pytestmark = pytest.mark.usefixtures('persistent_compilation_cache')
 

@@ -17,7 +17,7 @@ from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import summary
 from transformer_jax.training import optim
 from transformer_jax.training import state as state_lib
-from transformer_jax.training import train
+from transformer_jax.training import step as step_lib
 import tiny_runs  # pylint: disable=g-bad-import-order
 
 VOCAB = 64
@@ -253,7 +253,7 @@ def _train_steps(model, mesh_shape, devices, state, batch):
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state_sharding = sharding.logical_to_sharding(jax.eval_shape(init_fn, jax.random.key(0)), mesh, rules)
     batch_sharding = sharding.batch_sharding(mesh)
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1),
+    step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, label_smoothing=0.1),
                    in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None))
     state, losses = jax.device_put(state, state_sharding), []
     for _ in range(2):

@@ -106,7 +106,7 @@ def main(argv):
     print(config_doc.describe(config), end='')
     return
   if mode == 'summary':
-    from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
+    from transformer_jax.run import config_checks  # pylint: disable=g-import-not-at-top
     from transformer_jax.tools import summary  # pylint: disable=g-import-not-at-top
     print(summary.summarize(config_checks.model_config(config)))
     return
@@ -123,9 +123,9 @@ def main(argv):
   if workdir is None:
     sys.exit(f'--workdir is required for --mode={mode} (the run\'s folder; --help for usage)')
   _log_start(mode, workdir)
-  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import config_checks  # pylint: disable=g-import-not-at-top
   from transformer_jax.training import distributed  # pylint: disable=g-import-not-at-top
-  from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import experiment  # pylint: disable=g-import-not-at-top
   if flags.FLAGS.compilation_cache_dir:
     use_compilation_cache(flags.FLAGS.compilation_cache_dir)
   from transformer_jax.storage import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
@@ -134,8 +134,8 @@ def main(argv):
     config = config_checks.config_for_mode(config, workdir, mode)  # Reads only; fails before any JAX work.
   distributed.start(flags.FLAGS.multihost, flags.FLAGS.initialization_timeout_secs)  # Before other JAX use.
   experiment.log_backend(config)
-  from transformer_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
-  from transformer_jax.training import train  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import evaluate  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import train  # pylint: disable=g-import-not-at-top
   if not sys.stderr.isatty():  # TFDS's progress bars would fill a redirected log with carriage returns.
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     tfds.disable_progress_bar()
@@ -146,7 +146,7 @@ def main(argv):
   elif mode == 'translate':
     evaluate.translate_file(config, workdir, flags.FLAGS.input, flags.FLAGS.output)
   elif mode == 'tune_decoding':
-    from transformer_jax.evaluation import tune_decoding  # pylint: disable=g-import-not-at-top
+    from transformer_jax.run import tune_decoding  # pylint: disable=g-import-not-at-top
     tune_decoding.tune_decoding(config, workdir, *_decoding_grid(), output_dir=flags.FLAGS.output)  # It checks the ranges first.
   elif mode == 'export':
     from transformer_jax.tools import export  # pylint: disable=g-import-not-at-top
@@ -166,7 +166,7 @@ def _decoding_grid() -> tuple[list[int], list[float], list]:
   Raises:
     app.UsageError: naming the flags, for a value that is not a number or not a window.
   """
-  from transformer_jax.evaluation import tune_decoding  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import tune_decoding  # pylint: disable=g-import-not-at-top
   try:
     beam_sizes = [int(b) for b in flags.FLAGS.beam_sizes]
     alphas = [float(a) for a in flags.FLAGS.alphas]

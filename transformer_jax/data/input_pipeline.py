@@ -152,8 +152,9 @@ def split_source(data_config: Any, split: str) -> str:
   return f'data.{key}={data_config[key]}'
 
 
-def get_tokenizer(data_config: Any, workdir: str, process_index: int = 0) -> tokenizer_lib.Tokenizer:
-  """The shared vocabulary (Sec. 5.1) in workdir, trained on the train split's sources and targets if missing.
+def get_tokenizer(data_config: Any, path: str, process_index: int = 0) -> tokenizer_lib.Tokenizer:
+  """The shared vocabulary (Sec. 5.1) in the SentencePiece model file `path` (a run's
+  `<workdir>/spm_<vocab_size>.model`), trained on the train split's sources and targets if missing.
 
   After training it logs how many validation target lines (data.eval_split) the vocabulary's normalisation
   changes (encode -> decode != line; `tokenizer.round_trip`): BLEU scores the raw references.
@@ -172,7 +173,7 @@ def get_tokenizer(data_config: Any, workdir: str, process_index: int = 0) -> tok
   symbols = (treebank.output_symbols(treebank.split_trees(data_config.treebank_dir, data_config.train_split))
              if data_config.dataset == 'treebank' else ())
   return tokenizer_lib.train_or_load(
-      workdir, sentences, data_config.vocab_size, model_type=data_config.tokenizer_model_type,
+      path, sentences, data_config.vocab_size, model_type=data_config.tokenizer_model_type,
       max_sentences=data_config.tokenizer_train_sentences, seed=data_config.tokenizer_seed,
       normalization=data_config.tokenizer_normalization, user_defined_symbols=symbols,
       on_trained=lambda tokenizer: log_round_trip(tokenizer, data_config), process_index=process_index)

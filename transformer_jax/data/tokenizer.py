@@ -36,7 +36,6 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from transformer_jax import errors
-from transformer_jax.storage import workdir as workdir_lib
 
 PAD_ID = 0
 BOS_ID = 1
@@ -204,7 +203,7 @@ def _train(sentences: Iterable[str], vocab_size: int, model_type: str, max_sente
   return model.getvalue()
 
 
-def train_or_load(workdir: str | os.PathLike[str],
+def train_or_load(path: str | os.PathLike[str],
                   sentences: Callable[[], Iterable[str]],
                   vocab_size: int,
                   model_type: str = 'bpe',
@@ -216,7 +215,7 @@ def train_or_load(workdir: str | os.PathLike[str],
                   process_index: int = 0,
                   timeout_secs: float = 3600.0,
                   poll_secs: float = 1.0) -> Tokenizer:
-  """Loads `<workdir>/spm_<vocab_size>.model`, training it first if it does not exist.
+  """Loads the SentencePiece model file `path`, training it first if it does not exist.
 
   Process 0 trains and writes the file atomically (a temporary file, then a rename); the other processes wait for
   it to appear, so every host uses the same vocabulary.
@@ -225,7 +224,8 @@ def train_or_load(workdir: str | os.PathLike[str],
   (`config_checks.validate_config`: data.vocab_size, tokenizer_model_type, tokenizer_seed, tokenizer_normalization).
 
   Args:
-    workdir: folder for the model file; created if missing.
+    path: the model file (a run's is `<workdir>/spm_<vocab_size>.model`, `storage.workdir.vocabulary_file`); its
+      folder is created if missing.
     sentences: returns the training sentences (source and target together, Sec. 5.1); called only when process 0
       trains.
     vocab_size: number of pieces, special ids and the 256 byte pieces included (Sec. 5.1: about 37000).
@@ -250,7 +250,7 @@ def train_or_load(workdir: str | os.PathLike[str],
       data.vocab_size).
     TimeoutError: if the file does not appear within timeout_secs on a process other than 0.
   """
-  path = epath.Path(workdir_lib.path(workdir, workdir_lib.vocabulary_file(vocab_size)))
+  path = epath.Path(path)
   if path.exists():
     logging.info('Loading the vocabulary %s (%d pieces).', path, vocab_size)
   elif process_index == 0:

@@ -380,6 +380,23 @@ def _decode_one(batch: dict[str, np.ndarray], *, params: Any, batch_sharding: ja
     return tuple(np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (tokens, index))
 
 
+def params_in_compute_dtype(params: Any, cfg: model_lib.ModelConfig) -> Any:
+  """The parameters with two or more dimensions (projection kernels, embedding tables) in the compute dtype.
+
+  Every use of those casts them to cfg.compute_dtype, so the model computes the same with either; norm
+  scales and biases (1-D) stay float32. For the searches of `decode_all`: XLA:CPU does not hoist
+  the casts out of a search's while loop, which cast every weight at every step (docs/performance.md).
+
+  Args:
+    params: the model's parameter tree, float32.
+    cfg: its config.
+
+  Returns:
+    The same tree, leaves of ndim >= 2 in cfg.compute_dtype.
+  """
+  return jax.tree.map(lambda p: p.astype(cfg.compute_dtype) if jnp.ndim(p) >= 2 else p, params)
+
+
 def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_sentences: int, *,
                model: model_lib.Transformer, beam_size: int, alpha: float, extra_length: int,
                batch_sharding: jax.sharding.Sharding | None = None, early_stopping: str = 'bound',
@@ -426,7 +443,7 @@ def decode_all(params: Any, batches: Iterable[dict[str, np.ndarray]], num_senten
                    compact_every_steps, len(batch_sharding.device_set))
   backend = backends.decoding_backend(model.cfg)  # Once, on the host, for every batch.
   logging.info('Decoding %d batch(es) at once on %s.', workers, type(backend).__name__)
-  params = model_lib.params_in_compute_dtype(params, model.cfg)  # Once, not in every decoding step.
+  params = params_in_compute_dtype(params, model.cfg)  # Once, not in every decoding step.
   decode_one = functools.partial(
       _decode_one, params=params, batch_sharding=batch_sharding, one_device=one_device,
       compact_every_steps=compact_every_steps, mesh=jax.sharding.get_mesh(), rules=nn.get_logical_axis_rules(),
@@ -450,10 +467,11 @@ def translate(params: Any, batches: Iterable[dict[str, np.ndarray]], tokenizer: 
               num_sentences: int, **kwargs) -> list[str]:
   """`decode_all` (same arguments after `tokenizer`), detokenised: num_sentences strings.
 
-  An empty source is translated like any other (from EOS alone); `evaluate.translate_file` is what maps
+  An empty source is translated like any other (from EOS alone); `run.evaluate.translate_file` is what maps
   blank input lines to blank output lines.
 
   Raises:
     ValueError: if some line received no translation; as `decode_batch` for a bad argument.
   """
-  return tokenizer.decode(decode_all(params, batches, num_sentences, **kwargs))
+  outputs = decode_all(params, batches, num_sentences, **kwargs)
+  return tokenizer.decode(outputs)

@@ -1,15 +1,14 @@
-"""§6.1 evaluation: validation loss and BLEU, the test translation of the chosen checkpoints (`load_params`
-applies `selection.select_params`), and the `--mode=evaluate` and `--mode=translate` entry points.
+"""§6.1 evaluation: validation loss and BLEU, and the test translation of the chosen checkpoints (`load_params`
+applies `selection.select_params`), for the training run's loop and for `run/evaluate.py`'s modes.
 
 BLEU is reported three ways (`bleu.all_bleu`): sacreBLEU on detokenised output (the headline), the tokenised
 BLEU with compound splitting that the paper's numbers use, and the lowercased, Moses-tokenised BLEU of the
-Multi30k literature. The search itself is `translate.py`'s; the Setup every mode builds is `experiment.py`'s.
+Multi30k literature. The search itself is `decoding/translate.py`'s; the Setup every mode builds is
+`run/experiment.py`'s.
 """
-import functools
 import json
 import math
 import re
-import sys
 import time
 from typing import Any, Iterable
 
@@ -19,22 +18,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import errors
 from transformer_jax.data import batching
 from transformer_jax.data import input_pipeline
-from transformer_jax.data import multi30k
 from transformer_jax.decoding import translate
 from transformer_jax.evaluation import bleu
 from transformer_jax.evaluation import parsing
 from transformer_jax.evaluation import selection
-from transformer_jax.model import sharding
-from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import workdir as workdir_lib
-from transformer_jax.training import experiment
-from transformer_jax.training import losses
 from transformer_jax.training import metrics as metrics_lib
-from transformer_jax.training import state as state_lib
-from transformer_jax.training.experiment import Setup
+from transformer_jax.training.build import Build
+from transformer_jax.training.build import Setup
 
 Array = jax.Array
 Batch = dict[str, Array]
@@ -64,27 +57,7 @@ def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
   return metrics_lib.summarize(jax.device_get(totals))
 
 
-def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
-              label_smoothing: float) -> dict[str, Array]:
-  """Teacher-forced validation metrics for one batch, as sums (see `losses.smoothed_cross_entropy`)."""
-  logits = model.apply({'params': params}, batch['source_tokens'], batch['decoder_input_tokens'],
-                       **state_lib.model_inputs(batch), deterministic=True)
-  return losses.smoothed_cross_entropy(logits, batch['target_tokens'], losses.target_weights(batch), label_smoothing)
-
-
-def jit_eval_step(setup: experiment.Build, params_sharding, label_smoothing: float):
-  """`eval_step` jitted for the mesh and model of `setup`: eval_fn(params, batch) -> metric sums.
-
-  Args:
-    setup: the Build or Setup (mesh, model).
-    params_sharding: the parameters' tree of NamedShardings.
-    label_smoothing: train.label_smoothing (the validation loss is the training objective's).
-  """
-  return jax.jit(functools.partial(eval_step, model=setup.model, label_smoothing=label_smoothing),
-                 in_shardings=(params_sharding, sharding.batch_sharding(setup.mesh)))
-
-
-def validate(setup: experiment.Build, eval_fn, params, eval_batches, step: int) -> dict[str, float]:
+def validate(setup: Build, eval_fn, params, eval_batches, step: int) -> dict[str, float]:
   """Validation loss, nll, perplexity and accuracy of `params` (`evaluate`), logged as of `step`.
 
   Args:
@@ -120,7 +93,7 @@ def translate_ids(config, setup: Setup, params, source_ids, target_ids=None, bea
                                 extra_length=decode_cfg.extra_length, early_stopping=decode_cfg.early_stopping,
                                 compact_every_steps=decode_cfg.compact_every_steps,
                                 concurrent_batches=decode_cfg.concurrent_batches,
-                                batch_sharding=sharding.batch_sharding(setup.mesh))
+                                batch_sharding=setup.batch_sharding)
 
 
 def translate_split(config, setup: Setup, params, split, beam_size: int | None = None,
@@ -143,9 +116,9 @@ def translate_split(config, setup: Setup, params, split, beam_size: int | None =
   hypotheses = translate_ids(config, setup, params, split.source_ids, split.target_ids, beam_size=beam_size,
                              alpha=alpha)
   seconds = time.perf_counter() - start
-  if split.trees is not None:
-    return hypotheses, parsing.score_split(hypotheses, split.trees), seconds
-  return hypotheses, bleu.all_bleu(hypotheses, split.target_texts, config.data.target_lang), seconds
+  if split.trees is None:
+    return hypotheses, bleu.all_bleu(hypotheses, split.target_texts, config.data.target_lang), seconds
+  return hypotheses, parsing.score_split(hypotheses, split.trees), seconds
 
 
 _BLEUS = ('bleu', 'tokenized_bleu', 'lowercased_tokenized_bleu')
@@ -175,6 +148,34 @@ def validation_bleu(config, setup: Setup, params, eval_split, step: int) -> dict
                '| %.1f s', step, scores['bleu'], scores['lowercased_tokenized_bleu'], scores['length_ratio'],
                beam_size, seconds)
   return {key: scores[key] for key in SCORES} | {'bleu_seconds': seconds}
+
+
+def evaluate_at_step(config, setup: Setup, eval_fn, params, data, step: int, last: bool) -> dict[str, float]:
+  """The training loop's evaluation after step `step` (§6.1): what is due of the validation loss (every
+  train.eval_every_steps) and BLEU or F1 (every train.eval_bleu_every_steps, keeping the best checkpoints by it,
+  `selection.save_best`); everything at the `last` step.
+
+  Args:
+    config: the run's config.
+    setup: the Setup (its best-checkpoint manager keeps the best parameters).
+    eval_fn: `step.jit_eval_step`'s function.
+    params: the parameters after step `step`, placed as for training.
+    data: the run's `input_pipeline.RunData` (its validation batches and split).
+    step: the training step.
+    last: whether `step` is the last of the run.
+
+  Returns:
+    `validate`'s figures and `validation_bleu`'s, of those due; {} when none is.
+  """
+  train_cfg = config.train
+  scalars = {}
+  if last or step % train_cfg.eval_every_steps == 0:
+    scalars |= validate(setup, eval_fn, params, data.eval_batches, step)
+  if train_cfg.eval_bleu_every_steps and (last or step % train_cfg.eval_bleu_every_steps == 0):
+    scores = validation_bleu(config, setup, params, data.eval_split, step)
+    selection.save_best(setup.best_checkpoints, step, params, scores[config.eval.metric])
+    scalars |= scores
+  return scalars
 
 
 def load_params(eval_config, setup: Setup):
@@ -237,36 +238,44 @@ def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, t
     `decode_sentences_per_sec`; with eval.metric='f1' (a parser) `parsing.final_scores`' figures instead of
     the BLEUs.
   """
-  params, steps = load_params(config.eval, setup)
   data_cfg = config.data
+  translate_at_end = config.train.translate_at_end
+  if translate_at_end:  # Read and encoded here unless the caller has them (a training run does).
+    eval_split = eval_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.eval_split)
+    test_split = test_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.test_split)
+  params, steps = load_params(config.eval, setup)
   output_dir = output_dir or setup.workdir
-  selection = config.eval.checkpoint_selection
   with setup.mesh_context():
     results = validate(setup, eval_fn, params, eval_batches, steps[-1])
-    metrics_lib.write_scalars(writer, steps[-1], results, 'eval_averaged')
-    if not config.train.translate_at_end:
-      _write_final_metrics(selection, output_dir, results, steps, params, run_info)
-      return results
-    eval_split = eval_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.eval_split)
-    if config.eval.metric == 'f1':  # A parser (§6.3): validation and test F1, the trees written.
-      test_split = test_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.test_split)
+    validation_scalars, test_scalars = dict(results), {}
+    if translate_at_end and config.eval.metric == 'f1':  # A parser (§6.3): validation and test F1, trees written.
       results |= parsing.final_scores(config, lambda split: translate_split(config, setup, params, split),
                                       eval_split, test_split, output_dir, steps)
-      metrics_lib.write_scalars(writer, steps[-1], {'f1': results['f1']}, 'test')
-      _write_final_metrics(selection, output_dir, results, steps, params, run_info)
-      return results
-    hypotheses, scores, _ = translate_split(config, setup, params, eval_split)
-    results |= {'validation_bleu': scores['bleu'],
-                'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu'],
-                'validation_length_ratio': scores['length_ratio']}
-    _write_hypotheses(output_dir, data_cfg.eval_split, data_cfg.target_lang, hypotheses)
-    test_split = test_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.test_split)
-    hypotheses, scores, seconds = translate_split(config, setup, params, test_split)
+      test_scalars = {'f1': results['f1']}
+    elif translate_at_end:
+      results |= _translate_at_end(config, setup, params, eval_split, test_split, output_dir, steps)
+      test_scalars = {key: results[key] for key in _BLEUS}
+  _write_final_metrics(config.eval.checkpoint_selection, output_dir, results, steps, params, run_info)
+  metrics_lib.write_scalars(writer, steps[-1], validation_scalars, 'eval_averaged')
+  if test_scalars:
+    metrics_lib.write_scalars(writer, steps[-1], test_scalars, 'test')
+  return results
+
+
+def _translate_at_end(config, setup: Setup, params, eval_split, test_split, output_dir: str,
+                      steps: list[int]) -> dict[str, float]:
+  """The validation and test splits translated and scored (`translate_split`), their hypotheses written to
+  `output_dir` and the BLEUs printed: the BLEU figures of `final_evaluation`."""
+  data_cfg = config.data
+  hypotheses, scores, _ = translate_split(config, setup, params, eval_split)
+  results = {'validation_bleu': scores['bleu'],
+             'validation_lowercased_tokenized_bleu': scores['lowercased_tokenized_bleu'],
+             'validation_length_ratio': scores['length_ratio']}
+  _write_hypotheses(output_dir, data_cfg.eval_split, data_cfg.target_lang, hypotheses)
+  hypotheses, scores, seconds = translate_split(config, setup, params, test_split)
   path = _write_hypotheses(output_dir, data_cfg.test_split, data_cfg.target_lang, hypotheses)
   results |= {key: scores[key] for key in SCORES}
   results['decode_sentences_per_sec'] = len(hypotheses) / seconds
-  metrics_lib.write_scalars(writer, steps[-1], {key: scores[key] for key in _BLEUS}, 'test')
-  _write_final_metrics(selection, output_dir, results, steps, params, run_info)
   logging.info('Translated %d sentences in %.1f s (%.1f sentences/s); hypotheses in %s', len(hypotheses), seconds,
                len(hypotheses) / seconds, path)
   _print_bleu(config, results, scores['bleu_signature'], steps)
@@ -318,88 +327,3 @@ def _write_final_metrics(checkpoint_selection: str, output_dir: str, results: di
     epath.Path(output_dir).mkdir(parents=True, exist_ok=True)
     epath.Path(workdir_lib.path(output_dir, workdir_lib.FINAL_METRICS)).write_text(
         json.dumps(record, indent=2, sort_keys=True))
-
-
-def new_evaluation_dir(workdir: str, output: str | None = None) -> str:
-  """The folder an evaluation writes into, created now (`workdir.make_output_dir`): `output` (--output), else a new
-  `<workdir>/evaluations/<YYYYmmdd-HHMMSS>[-<n>]`.
-
-  Raises:
-    errors.PathError: naming the folder, when it cannot be created.
-  """
-  return workdir_lib.make_output_dir(output, workdir, time.strftime('%Y%m%d-%H%M%S'))
-
-
-def evaluate_checkpoint(config, workdir: str, output_dir: str | None = None) -> dict[str, float]:
-  """--mode=evaluate: validation metrics and test BLEU of the checkpoints eval.checkpoint_selection chooses.
-
-  The outputs (hypotheses, final_metrics.json) go to `output_dir` (--output) when given, and the run folder is then
-  only read (it may be read-only); else to a new folder, `<workdir>/evaluations/<YYYYmmdd-HHMMSS>/`, under the run's
-  lock. The training run's own final evaluation in the workdir is never overwritten.
-
-  Returns:
-    The figures of `final_evaluation`.
-
-  Raises:
-    errors.UserError: from `experiment.setup` (a missing file, a config the run disagrees with, a run folder in use
-      or not writable) or `new_evaluation_dir`, before anything is evaluated.
-  """
-  data_cfg = config.data
-  setup = experiment.setup(config, workdir, data_splits=(data_cfg.eval_split,) + (
-      (data_cfg.test_split,) if config.train.translate_at_end else ()), lock=None if output_dir else 'evaluate')
-  try:
-    output_dir = new_evaluation_dir(workdir, output_dir)
-  except BaseException:
-    setup.close()
-    raise
-  try:
-    eval_split = input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.eval_split)
-    eval_fn = jit_eval_step(setup, sharding.shardings_of(setup.abstract_state().params), config.train.label_smoothing)
-    batches = input_pipeline.split_eval_batches(data_cfg, eval_split.source_ids, eval_split.target_ids,
-                                                setup.data_shards)
-    results = final_evaluation(config, setup, eval_fn, batches, eval_split=eval_split, output_dir=output_dir)
-  finally:
-    setup.close()
-  logging.info('--mode=evaluate wrote its hypotheses and figures to %s', output_dir)
-  return results
-
-
-def translate_file(config, workdir: str, input_path: str | None, output_path: str | None) -> None:
-  """--mode=translate: one output line per input line (a blank line stays blank), stdin/stdout by default.
-
-  Raises:
-    errors.MissingFileError: for a missing input file (read before the model is loaded).
-    errors.PathError: for an --output that cannot be written (checked before the model is loaded).
-    errors.UserError: from `experiment.setup`.
-  """
-  # Lines end at '\n' only: str.splitlines would also split at Unicode separators inside a sentence.
-  if input_path and not epath.Path(input_path).is_file():
-    raise errors.MissingFileError(f'--input={input_path} does not exist')
-  if output_path:
-    workdir_lib.check_output_file(output_path)  # Before the model is loaded and every line decoded.
-  if input_path:
-    lines = multi30k.read_lines(input_path)
-  else:
-    lines = sys.stdin.read().split('\n')
-    lines = [line.removesuffix('\r') for line in (lines[:-1] if lines[-1] == '' else lines)]
-  setup = experiment.setup(config, workdir)
-  try:
-    params, steps = load_params(config.eval, setup)
-    unfinished = setup.checkpoints.latest_step() != config.train.num_train_steps
-  finally:
-    setup.close()
-  start = time.perf_counter()
-  with setup.mesh_context():
-    hypotheses = translate_ids(config, setup, params, input_pipeline.encode(setup.tokenizer, lines))
-  seconds = time.perf_counter() - start
-  hypotheses = [single_line(h) if line.strip() else '' for line, h in zip(lines, hypotheses)]
-  if config.data.dataset == 'treebank':  # A parser: one bracketed tree per sentence (tags XX, not predicted).
-    hypotheses = [parsing.tree_line(h, line) if line.strip() else '' for line, h in zip(lines, hypotheses)]
-  text = ''.join(h + '\n' for h in hypotheses)
-  if output_path:
-    epath.Path(output_path).write_text(text, encoding='utf-8')
-  else:
-    sys.stdout.write(text)
-  logging.info('Translated %d lines to %s in %.1f s, compilation included, with checkpoint steps %s%s.', len(lines),
-               output_path or 'stdout', seconds, steps,
-               f' of an unfinished run (train.num_train_steps={config.train.num_train_steps})' if unfinished else '')

@@ -63,7 +63,7 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
   return tuple(sizes)
 
 
-def make_mesh(mesh_config, devices=None) -> Mesh:
+def make_mesh(mesh_config, devices=None, dimensions: dict[str, list[tuple[str, int]]] | None = None) -> Mesh:
   """A Mesh with axes ('data', 'fsdp', 'tensor') of Auto type (so logical constraints apply).
 
   Devices are ordered by `jax.make_mesh` for the physical topology (TPU torus, GPU NVLink islands), with
@@ -72,16 +72,36 @@ def make_mesh(mesh_config, devices=None) -> Mesh:
   Args:
     mesh_config: `config.mesh` (data, fsdp, tensor).
     devices: devices to use; all of `jax.devices()` by default.
+    dimensions: logical axis -> [(config key, size)] of the dimensions that carry it (e.g.
+      `{HEADS: [('model.num_heads', 8)]}`); each split over mesh axes (`mesh_config.logical_axis_rules`) must divide
+      by their size. None: not checked.
 
   Raises:
-    ValueError: for bad axis sizes (see `mesh_shape`), or a layout in which processes would share batch rows
-      (see `check_process_layout`).
+    ValueError: for bad axis sizes (see `mesh_shape`) or rules (see `logical_axis_rules`), a dimension that does
+      not divide by its mesh axes (naming its key and the mesh keys), or a layout in which processes would share
+      batch rows (see `check_process_layout`).
   """
   devices = jax.devices() if devices is None else list(devices)
   shape = mesh_shape(mesh_config, len(devices))
+  if dimensions:
+    _check_divisible(dict(zip(MESH_AXES, shape)), logical_axis_rules(mesh_config), dimensions)
   mesh = jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
   check_process_layout(np.vectorize(lambda d: d.process_index)(mesh.devices))
   return mesh
+
+
+def _check_divisible(sizes: dict[str, int], rules, dimensions: dict[str, list[tuple[str, int]]]) -> None:
+  """Raises ValueError naming the key and mesh keys of a dimension that its mesh axes do not divide, e.g.
+  model.num_heads=3 with mesh.tensor=2."""
+  for name, axes in rules:
+    axes = axes if isinstance(axes, tuple) else (axes,)
+    axes = tuple(axis for axis in axes if axis is not None and sizes[axis] > 1)
+    split = int(np.prod([sizes[axis] for axis in axes]))
+    for key, value in dimensions.get(name, []):
+      if split > 1 and value % split:
+        mesh_keys = ' x '.join(f'mesh.{axis}={sizes[axis]}' for axis in axes)
+        raise ValueError(f'{key}={value} does not divide by {mesh_keys} ({name!r} is split over {axes} by '
+                         f'mesh.logical_axis_rules): change {key} or the mesh')
 
 
 def check_process_layout(process_grid: np.ndarray) -> None:

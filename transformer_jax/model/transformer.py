@@ -113,23 +113,6 @@ def segment_ids_from_tokens(tokens: Array) -> Array:
   return (tokens != 0).astype(jnp.int32)
 
 
-def params_in_compute_dtype(params: Any, cfg: ModelConfig) -> Any:
-  """The parameters with two or more dimensions (projection kernels, embedding tables) in the compute dtype.
-
-  Every use of those casts them to cfg.compute_dtype, so the model computes the same with either; norm
-  scales and biases (1-D) stay float32. For the searches of `decoding.translate.decode_all`: XLA:CPU does not hoist
-  the casts out of a search's while loop, which cast every weight at every step (docs/performance.md).
-
-  Args:
-    params: the model's parameter tree, float32.
-    cfg: its config.
-
-  Returns:
-    The same tree, leaves of ndim >= 2 in cfg.compute_dtype.
-  """
-  return jax.tree.map(lambda p: p.astype(cfg.compute_dtype) if jnp.ndim(p) >= 2 else p, params)
-
-
 def grow_decoding_cache(cache: Any, length: int) -> Any:
   """Enlarges every self-attention K/V cache of a 'cache' collection to hold `length` positions.
 

@@ -6,7 +6,7 @@ fingerprint (the architecture, the vocabulary size and the languages): a workdir
 raises errors.ConfigError before anything is written. `_FIELDS_ADDED_LATER` is its migration table, which keeps
 checkpoints written before a model field existed resumable. `check_vocabulary` refuses a vocabulary file other
 than the one the run trained with (`vocabulary.sha256`, written by `record_vocabulary_hash`).
-`training/experiment.setup` calls them before it writes anything.
+`run/experiment.setup` calls them before it writes anything.
 """
 import dataclasses
 import hashlib

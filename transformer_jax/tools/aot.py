@@ -4,7 +4,7 @@
   python -m transformer_jax.main --config=configs/big.py --mode=compile --workdir=/tmp/aot \
       --config.mesh.data=1 --config.mesh.fsdp=-1
 
-Lowers and compiles exactly the jitted `train.train_step` that training runs (same shardings, donation,
+Lowers and compiles exactly the jitted `step_lib.train_step` that training runs (same shardings, donation,
 train.grad_accum_steps and logical axis rules) for the batch shape that needs the most memory, without reading
 data, training a vocabulary, touching checkpoints or running the step. It prints what each device would need
 (`Compiled.memory_analysis()`: arguments, outputs, aliased (donated) buffers, temporaries, generated code),
@@ -41,10 +41,10 @@ from transformer_jax import logs
 from transformer_jax.model import sharding
 from transformer_jax.storage import workdir as workdir_lib
 from transformer_jax.tools import tpu_slices
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 from transformer_jax.training import flops
 from transformer_jax.training import memory
-from transformer_jax.training import train
+from transformer_jax.training import step as step_lib
 
 _COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
 
@@ -80,7 +80,7 @@ def compile_train_step(config, devices=None) -> tuple[Any, dict[str, Any]]:
   abstract_state = setup.abstract_state()
   shape = memory.largest_batch_shape(config.data, setup.rows_multiple)
   batch = memory.abstract_batch(config.data, shape, sharding.batch_sharding(setup.mesh))
-  train_fn = train.jit_train_step(setup, sharding.shardings_of(abstract_state), config.train.label_smoothing)
+  train_fn = step_lib.jit_train_step(setup, sharding.shardings_of(abstract_state), config.train.label_smoothing)
   figures = {
       'mesh': dict(setup.mesh.shape), 'devices': setup.mesh.size, 'device_kind': setup.mesh.devices.flat[0].device_kind,
       'batch_shape': list(shape), 'tokens_per_batch': config.data.tokens_per_batch,

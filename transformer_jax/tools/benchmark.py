@@ -28,11 +28,11 @@ from transformer_jax.decoding import backends
 from transformer_jax.decoding import translate
 from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
-from transformer_jax.training import experiment
+from transformer_jax.run import experiment
 from transformer_jax.training import flops as flops_lib
 from transformer_jax.training import memory
 from transformer_jax.training import state as state_lib
-from transformer_jax.training import train
+from transformer_jax.training import step as step_lib
 
 def _timed(fn, *args, num_steps: int):
   """Median seconds of fn(*args) over num_steps calls after one warm-up call; returns (median, last output)."""
@@ -70,7 +70,7 @@ def compiled_synthetic_step(config):
   batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   host_batch = synthetic_batch(setup.model.cfg, batch_size, bench.source_length, bench.target_length)
   batch = {k: jax.device_put(v, sharding.batch_sharding(setup.mesh)) for k, v in host_batch.items()}
-  step_fn = train.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing)
+  step_fn = step_lib.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     state, _ = state_lib.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
                                              setup.rules)
@@ -88,7 +88,7 @@ def run(config) -> dict[str, float]:
   requested = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   abstract_state = setup.abstract_state()
   state_sharding = sharding.shardings_of(abstract_state)
-  step_fn = train.jit_train_step(setup, state_sharding, config.train.label_smoothing)
+  step_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing)
   # Compiled on the abstract state first: nothing is allocated until a batch that fits is found.
   print(f'benchmark: compiling the train step for [{requested}, {bench.source_length} + {bench.target_length}]...',
         flush=True)

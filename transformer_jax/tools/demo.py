@@ -46,7 +46,7 @@ def train_tiny_run(workdir: str | os.PathLike[str], corpus_dir: str | os.PathLik
   Raises:
     FileNotFoundError: if configs/smoke.py or a corpus file is missing.
   """
-  from transformer_jax.training import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow, ~4 s)
+  from transformer_jax.run import train  # pylint: disable=g-import-not-at-top  (imports TensorFlow, ~4 s)
   config = tiny_config(corpus_dir, num_train_steps)
   train.train_and_evaluate(config, os.fspath(workdir))
   return config

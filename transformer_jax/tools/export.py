@@ -206,9 +206,9 @@ def export_run(config, workdir: str, output_dir: str | None) -> str:
       `export_ctranslate2`.
     errors.MissingFileError: if the workdir holds no checkpoint.
   """
-  from transformer_jax.training import config_checks  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import config_checks  # pylint: disable=g-import-not-at-top
   from transformer_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
-  from transformer_jax.training import experiment  # pylint: disable=g-import-not-at-top
+  from transformer_jax.run import experiment  # pylint: disable=g-import-not-at-top
   if not output_dir:
     raise errors.ConfigError('--mode=export needs --output=DIR (a new folder for the CTranslate2 model)')
   if config.export.format != 'ctranslate2':

@@ -1,4 +1,4 @@
-"""Training (§5): the config checked and built into mesh, model and optimiser (`config_checks`, `experiment`),
-the training state (`state`), the train step and the resumable loop (`train`), the loss (`losses`), Adam and its
-schedule (`optim`), the metrics it writes (`metrics`), what it measures (`goodput`, `flops`, `memory`) and
-multi-host start-up (`distributed`)."""
+"""Training (§5): the compiled train and validation steps (`step`), what they take (`build`: mesh, model,
+optimiser, vocabulary, checkpoints), the training state (`state`), the loss (`losses`), Adam and its schedule
+(`optim`), the metrics a run writes (`metrics`), what it measures (`goodput`, `flops`, `memory`) and multi-host
+start-up (`distributed`). The loop that runs the steps is `run/train.py`'s."""

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 from transformer_jax import errors
 from transformer_jax import logs
 from transformer_jax.data import batching
-from transformer_jax.model import sharding
 
 _MEMORY_FIELDS = ('argument_size_in_bytes', 'output_size_in_bytes', 'alias_size_in_bytes', 'temp_size_in_bytes',
                   'generated_code_size_in_bytes')
@@ -139,7 +138,7 @@ TRAIN_BATCH_FIELDS = ('data.tokens_per_batch', 'data.max_length (or data.bucket_
                       'or raise train.grad_accum_steps')
 
 
-def check_train_step(setup, train_fn, data_config, shapes: Sequence[tuple[int, int]] | None = None) -> str:
+def check_train_step(setup, train_fn, data_config, shapes: Sequence[tuple[int, int]]) -> str:
   """Compiles the train step for the batch that needs the most memory and raises if it would not fit.
 
   Call before the state is created (it lowers the abstract state), so that nothing has been allocated yet.
@@ -147,11 +146,11 @@ def check_train_step(setup, train_fn, data_config, shapes: Sequence[tuple[int, i
   compilation cache the loop's first step loads it instead of compiling again.
 
   Args:
-    setup: the `experiment.Build` (or `Setup`).
-    train_fn: the jitted step training runs (`train.jit_train_step` for `setup.state_sharding()`).
-    data_config: config.data (the batch fields and, without `shapes`, the largest batch).
-    shapes: the global [batch, length] shapes training will feed (`train_iterator.TrainIterator.shapes`); the
-      longest (then the widest) is checked. None: `largest_batch_shape` of the config, for the data unseen.
+    setup: the `training.build.Build` (or `Setup`).
+    train_fn: the jitted step training runs (`step.jit_train_step` for `setup.state_sharding()`).
+    data_config: config.data (the batch fields).
+    shapes: the global [batch, length] shapes training will feed (`train_iterator.TrainIterator.shapes`, or
+      `[largest_batch_shape(...)]` for data not yet read); the longest (then the widest) is checked.
 
   Returns:
     The sentence of `fits`, also logged.
@@ -160,11 +159,8 @@ def check_train_step(setup, train_fn, data_config, shapes: Sequence[tuple[int, i
     DoesNotFitError: naming the batch fields to lower.
   """
   abstract_state = setup.abstract_state()
-  if shapes:
-    shape = max(shapes, key=lambda shape: (shape[1], shape[0]))
-  else:
-    shape = largest_batch_shape(data_config, setup.rows_multiple)
-  batch = abstract_batch(data_config, shape, sharding.batch_sharding(setup.mesh))
+  shape = max(shapes, key=lambda shape: (shape[1], shape[0]))
+  batch = abstract_batch(data_config, shape, setup.batch_sharding)
   what = f'The train step at its largest batch [{shape[0]}, {shape[1]}]'
   logging.info('Compiling the train step at its largest batch [%d, %d] (kept in the compilation cache).', *shape)
   with setup.mesh_context(), logs.heartbeat(lambda s: f'Compiling the train step: {s:.0f} s so far.'):

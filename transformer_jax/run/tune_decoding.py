@@ -25,7 +25,8 @@ from transformer_jax import errors
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import evaluate
 from transformer_jax.evaluation import selection
-from transformer_jax.training import experiment
+from transformer_jax.run import evaluate as evaluate_mode
+from transformer_jax.run import experiment
 
 SWEEP_FILE = 'decoding_sweep.json'
 
@@ -130,7 +131,7 @@ def tune_decoding(config, workdir: str, beam_sizes: Sequence[int], alphas: Seque
     kept = setup.checkpoints.all_steps()
     chosen = [(str(w), w.steps(kept)) for w in windows] or [(None, None)]  # Raises before anything is written.
     if jax.process_index() == 0:
-      output_dir = epath.Path(evaluate.new_evaluation_dir(workdir, output_dir))
+      output_dir = epath.Path(evaluate_mode.new_evaluation_dir(workdir, output_dir))
     split = input_pipeline.encode_split(config.data, setup.tokenizer, split_name)
     rows = []
     for window, steps in chosen:

@@ -1,4 +1,7 @@
-"""The pure train step (§5) and the training loop: resumable, preemptible, NaN-safe.
+"""--mode=train: set-up, data, the compiled steps, the loop and the final evaluation, in that order (§5, §6.1).
+
+`train_and_evaluate` is the whole run; the loop is resumable, preemptible and NaN-safe. The steps it compiles are
+`training/step.py`'s, the evaluation it calls `evaluation/evaluate.py`'s.
 
 Reliability, as the loop implements it:
   - Resuming: every run restores the newest readable checkpoint in `<workdir>/checkpoints` (the state and the
@@ -9,14 +12,13 @@ Reliability, as the loop implements it:
     normally (exit status 0); a second SIGINT interrupts at once. A kill -9 loses only the steps after the
     last checkpoint: orbax commits a checkpoint by renaming a finished temporary folder.
   - Non-finite values: an update whose loss, gradient or parameter update is not finite is never applied
-    (`train_step`); then the run stops with `errors.DivergedError` (a FloatingPointError) naming the step and
+    (`step.train_step`); then the run stops with `errors.DivergedError` (a FloatingPointError) naming the step and
     the checkpoint to resume from (train.on_nonfinite='stop'), or logs it and carries on ('skip'). Checkpoints
     never hold NaN.
   - Start-up: config values, input files, the workdir (writable, no incompatible run in it) and, when
     translating at the end, the test split are checked before training (`experiment.setup`).
 """
 import datetime
-import functools
 import signal
 import threading
 import time
@@ -28,24 +30,20 @@ import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
-import optax
 import tensorboardX
 
 from transformer_jax import errors
 from transformer_jax.data import input_pipeline
 from transformer_jax.evaluation import evaluate as evaluate_lib
-from transformer_jax.evaluation import selection
-from transformer_jax.model import sharding
-from transformer_jax.model import transformer as model_lib
+from transformer_jax.run import experiment
 from transformer_jax.storage import workdir as workdir_lib
-from transformer_jax.training import experiment
 from transformer_jax.training import flops as flops_lib
 from transformer_jax.training import goodput
-from transformer_jax.training import losses
 from transformer_jax.training import memory
 from transformer_jax.training import metrics as metrics_lib
 from transformer_jax.training import state as state_lib
-from transformer_jax.training.experiment import Setup
+from transformer_jax.training import step as step_lib
+from transformer_jax.training.build import Setup
 from transformer_jax.training.state import TrainState
 
 Array = jax.Array
@@ -54,99 +52,6 @@ _SUM_KEYS = ('loss_sum', 'nll_sum', 'correct_sum', 'token_count')
 # Steps of a (re)started loop before its first progress line; then every log_every_steps, and whenever
 # log_every_secs have passed since the last line.
 _FIRST_REPORT_AFTER = 10
-
-
-def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
-               tx: optax.GradientTransformation, label_smoothing: float,
-               grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, Array]]:
-  """One Adam update on the label-smoothed loss averaged over the batch's real target tokens.
-
-  With grad_accum_steps = n > 1 the batch is cut into n micro-batches (rows i, i + n, i + 2n, ... form
-  micro-batch i, so every device keeps an equal share of each), whose gradients a `lax.scan` sums: activations
-  are held for one micro-batch at a time, and the update is the one of the whole batch. Each micro-batch's
-  loss is divided by the whole batch's token count (over every micro-batch and device), so the sum of their
-  gradients is the gradient of (x1 + ... + xn) / (n1 + ... + nn), not a mean of per-micro-batch means.
-
-  A non-finite loss, gradient or parameter update leaves the state unchanged except for the step counter
-  (the parameters are never overwritten with NaN or inf) and reports `nonfinite=1`; the caller stops or
-  carries on (`train.on_nonfinite`).
-
-  Args:
-    state: the TrainState (its buffers are donated by the jitted caller).
-    batch: int32 arrays `source_tokens` [batch, src_len], `decoder_input_tokens`, `target_tokens`
-      [batch, tgt_len], and for packed batches `*_segment_ids` and `*_positions`.
-    model: the Transformer (static).
-    tx: the optimiser (static).
-    label_smoothing: ε_ls (static).
-    grad_accum_steps: micro-batches per update (static); it must divide the batch's rows.
-
-  Returns:
-    (new state, metrics): float32 sums `loss_sum`, `nll_sum`, `correct_sum`, `token_count`, plus
-    `grad_norm` and `nonfinite` (1.0 when the update was not applied) for this step.
-
-  Raises:
-    ValueError: at trace time, if grad_accum_steps does not divide the rows of the batch.
-  """
-  dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-  token_count = jnp.maximum(jnp.sum(losses.target_weights(batch)), 1.0)
-
-  def loss_fn(params, micro_batch, rng):
-    features = model.apply({'params': params}, micro_batch['source_tokens'], micro_batch['decoder_input_tokens'],
-                           **state_lib.model_inputs(micro_batch), deterministic=False, rngs={'dropout': rng},
-                           method='features')
-    sums = losses.fused_smoothed_cross_entropy(
-        features, params['shared_embedding']['embedding'], micro_batch['target_tokens'],
-        losses.target_weights(micro_batch), label_smoothing)
-    return sums['loss_sum'] / token_count, sums
-
-  grad_fn = jax.grad(loss_fn, has_aux=True)
-  if grad_accum_steps == 1:
-    grads, sums = grad_fn(state.params, batch, dropout_rng)
-  else:
-    rows = batch['source_tokens'].shape[0]
-    if rows % grad_accum_steps:
-      raise ValueError(f'train.grad_accum_steps={grad_accum_steps} does not divide the {rows} rows of a batch')
-    micro_batches = jax.tree.map(  # [n, rows / n, length]; micro-batch i holds rows i, i + n, ...
-        lambda x: jnp.swapaxes(x.reshape(rows // grad_accum_steps, grad_accum_steps, *x.shape[1:]), 0, 1), batch)
-
-    def accumulate(totals, inputs):
-      index, micro_batch = inputs
-      step_grads, step_sums = grad_fn(state.params, micro_batch, jax.random.fold_in(dropout_rng, index))
-      return jax.tree.map(jnp.add, totals, (step_grads, step_sums)), None
-
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(
-        grad_fn, state.params, jax.tree.map(lambda x: x[0], micro_batches), dropout_rng))
-    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  grad_norm = optax.tree.norm(grads)
-  # The update can overflow when the gradient does not (an infinite learning rate, Adam's moments).
-  finite = (jnp.isfinite(sums['loss_sum']) & jnp.isfinite(grad_norm)
-            & jnp.isfinite(optax.tree.norm(updates)))
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
-                            opt_state=keep(opt_state, state.opt_state))
-  metrics = dict(sums, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
-  return new_state, metrics
-
-
-def jit_train_step(setup: experiment.Build, state_sharding, label_smoothing: float):
-  """`train_step` jitted as training runs it (§5), for the mesh, model and optimiser of `setup`.
-
-  Args:
-    setup: the Build or Setup (mesh, model, optimiser, grad_accum_steps).
-    state_sharding: the TrainState's tree of NamedShardings (`Build.state_sharding()`).
-    label_smoothing: train.label_smoothing (ε_ls, §5.4).
-
-  Returns:
-    train_fn(state, batch) -> (state, metrics), which donates the state it is given. Batches are split over the
-    data axes (`sharding.batch_sharding`); it compiles once per batch shape.
-  """
-  return jax.jit(
-      functools.partial(train_step, model=setup.model, tx=setup.tx,
-                        label_smoothing=label_smoothing, grad_accum_steps=setup.grad_accum_steps),
-      in_shardings=(state_sharding, sharding.batch_sharding(setup.mesh)), out_shardings=(state_sharding, None),
-      donate_argnums=0)
 
 
 @jax.jit
@@ -329,13 +234,9 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
         or progress.due()):
       progress.report(step)
     with timeline.stage('evaluation'):
-      if last or step % cfg.eval_every_steps == 0:
-        eval_metrics = evaluate_lib.validate(setup, eval_fn, state.params, data.eval_batches, step)
-        metrics_lib.write_scalars(writer, step, eval_metrics, 'eval')
-      if cfg.eval_bleu_every_steps and (last or step % cfg.eval_bleu_every_steps == 0):
-        scores = evaluate_lib.validation_bleu(config, setup, state.params, data.eval_split, step)
-        metrics_lib.write_scalars(writer, step, scores, 'eval')
-        selection.save_best(setup.best_checkpoints, step, state.params, scores[config.eval.metric])
+      scalars = evaluate_lib.evaluate_at_step(config, setup, eval_fn, state.params, data, step, last)
+      if scalars:
+        metrics_lib.write_scalars(writer, step, scalars, 'eval')
     with timeline.stage('checkpoint'):
       setup.checkpoints.save(step, state, data.train_iter.get_state(), force=last or stopping)
     if stopping:
@@ -408,13 +309,13 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
           config.data, setup.tokenizer, rows_multiple=setup.rows_multiple, data_shards=setup.data_shards,
           with_test=config.train.translate_at_end)
       state_sharding = setup.state_sharding()
-      train_fn = jit_train_step(setup, state_sharding, config.train.label_smoothing)
+      train_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing)
+      eval_fn = step_lib.jit_eval_step(setup, state_sharding.params, config.train.label_smoothing)
       # Stops before any state is allocated if the step cannot fit.
       memory.check_train_step(setup, train_fn, config.data, data.train_iter.shapes)
       if jax.process_index() == 0:  # Every check has passed: the run's record (notebooks, --mode=evaluate).
         workdir_lib.record_config(config, workdir, setup.checkpoints.latest_step() or 0)
       state = _restore_or_init(setup, data, config.train.seed)
-      eval_fn = evaluate_lib.jit_eval_step(setup, state_sharding.params, config.train.label_smoothing)
       peak = flops_lib.Peak(setup.model.cfg.compute_dtype)
       logging.info('MFU is reported against a peak of %.3g TFLOP/s (%s%s).', peak.flops / 1e12, peak.source,
                    '; re-measured at most once a minute, the highest kept' if peak.measured else '')

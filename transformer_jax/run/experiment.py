@@ -1,121 +1,31 @@
 """What every mode builds from the config before it trains, evaluates or translates (§5).
 
-`compute_setup` checks the config (`config_checks`) and builds the mesh, model and optimiser (a `Build`: all
-that --mode=compile and --mode=benchmark need); `setup` also checks everything else that can be checked before
-a byte is written (input files, that the workdir is writable and holds no incompatible run), then loads or
-trains the vocabulary and opens the checkpoint managers (a `Setup`). `TrainState` and its creation are
-`state.py`'s; what a run folder must agree with (the checkpoint fingerprint, the vocabulary's hash) is
-`storage/fingerprint.py`'s.
+`compute_setup` checks the config (`config_checks`) and builds the mesh, model and optimiser (a
+`training.build.Build`: all that --mode=compile and --mode=benchmark need); `setup` also checks everything else
+that can be checked before a byte is written (input files, that the workdir is writable and holds no
+incompatible run), then loads or trains the vocabulary and opens the checkpoint managers (a
+`training.build.Setup`). What a run folder must agree with (the checkpoint fingerprint, the vocabulary's hash)
+is `storage/fingerprint.py`'s.
 """
-import contextlib
 import dataclasses
-import functools
 import os
-from typing import Any
 
 from absl import logging
 from etils import epath
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
-from jax.sharding import Mesh
-import numpy as np
-import optax
 
 from transformer_jax import errors
 from transformer_jax.cpu import host_allocator
 from transformer_jax.data import input_pipeline
-from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
-from transformer_jax.storage import checkpoints as checkpoints_lib
+from transformer_jax.run import config_checks
 from transformer_jax.storage import fingerprint
 from transformer_jax.storage import workdir as workdir_lib
-from transformer_jax.training import config_checks
 from transformer_jax.training import distributed
 from transformer_jax.training import optim
-from transformer_jax.training import state as state_lib
-
-Array = jax.Array
-Batch = dict[str, Array]
-
-
-@dataclasses.dataclass
-class Build:
-  """What every mode builds from the config without reading or writing anything: mesh, model and optimiser.
-
-  `compute_setup` makes it (--mode=compile and --mode=benchmark need no more); `Setup` adds the run folder's
-  vocabulary and checkpoints for the modes that read or write one. It holds what the config decided, not the
-  config: a stage that needs a config value is given the config (or its section).
-  """
-  mesh: Mesh
-  rules: Any
-  model: model_lib.Transformer
-  tx: optax.GradientTransformation
-  schedule: optax.Schedule
-  grad_accum_steps: int  # train.grad_accum_steps: micro-batches per step (`train.train_step`).
-
-  # Devices a batch's rows are split over (mesh.data x mesh.fsdp): batch rows must divide by it.
-  data_shards: int = dataclasses.field(init=False)
-  # What a global training batch's rows are padded to a multiple of: data shards x train.grad_accum_steps.
-  rows_multiple: int = dataclasses.field(init=False)
-
-  def __post_init__(self):
-    self.data_shards = self.mesh.shape['data'] * self.mesh.shape['fsdp']
-    self.rows_multiple = self.data_shards * self.grad_accum_steps
-
-  @contextlib.contextmanager
-  def mesh_context(self):
-    """The mesh and its logical axis rules, as every jitted step of this build is traced and run under."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      yield
-
-  def abstract_state(self):
-    """ShapeDtypeStructs with shardings of the TrainState (for restoring or compiling without initialising).
-
-    Built from shapes alone: no array is created, so it works for compile-only devices (`tpu_slices`).
-    """
-    batch = {key: jax.ShapeDtypeStruct((self.data_shards, 8), jnp.int32)
-             for key in ('source_tokens', 'decoder_input_tokens', 'target_tokens')}
-    init_fn = functools.partial(state_lib.create_train_state, model=self.model, tx=self.tx)
-    rng = jax.eval_shape(lambda: jax.random.key(0))
-    with self.mesh_context():
-      abstract = jax.eval_shape(init_fn, rng, batch=batch)
-      shardings = sharding.logical_to_sharding(abstract, self.mesh, self.rules)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        nn.unbox(abstract), shardings)
-
-  def state_sharding(self):
-    """The TrainState's tree of NamedShardings on this mesh (`abstract_state`'s)."""
-    return sharding.shardings_of(self.abstract_state())
-
-  def device_batch(self, batch: dict[str, np.ndarray]) -> Batch:
-    """This host's rows of a global batch as global arrays split over the data axes."""
-    batch_sharding = sharding.batch_sharding(self.mesh)
-    return {key: jax.make_array_from_process_local_data(batch_sharding, value)
-            for key, value in batch.items() if key != 'example_index'}
-
-
-@dataclasses.dataclass
-class Setup(Build):
-  """A `Build` with the run folder's vocabulary and checkpoint managers (`setup`): what training and evaluation use."""
-  workdir: str
-  tokenizer: tokenizer_lib.Tokenizer
-  checkpoints: checkpoints_lib.CheckpointManager
-  # The eval.average_best_n checkpoints (parameters only) with the best validation BLEU, when
-  # train.eval_bleu_every_steps > 0; else None.
-  best_checkpoints: checkpoints_lib.CheckpointManager | None = None
-  lock: workdir_lib.RunLock | None = None  # The run folder's lock, for the modes that write it.
-
-  def close(self) -> None:
-    """Waits for pending checkpoint saves, releases the checkpoint managers' threads, then the run's lock."""
-    try:
-      self.checkpoints.close()
-      if self.best_checkpoints is not None:
-        self.best_checkpoints.close()
-    finally:
-      if self.lock is not None:
-        self.lock.release()
+from transformer_jax.training.build import Build
+from transformer_jax.training.build import Setup
 
 
 def compute_setup(config, devices=None) -> Build:
@@ -132,17 +42,18 @@ def compute_setup(config, devices=None) -> Build:
     errors.ConfigError: for a bad config value (`validate_config`), or a mesh whose processes would not each
       hold their own rows of a batch.
   """
-  model_cfg = config_checks.validate_config(config, None if devices is None else len(devices))
+  model_cfg = config_checks.validate_config(config)
+  dimensions = config_checks.mesh_dimensions(model_cfg)
   train_cfg = config.train
   schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
   tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                             grad_clip_norm=train_cfg.grad_clip_norm)
-  try:
-    mesh = sharding.make_mesh(config.mesh, devices)
-  except ValueError as e:  # The processes' batch shards (sharding raises the built-in type, naming mesh.*).
+  try:  # sharding raises the built-in type, naming the mesh.* (and model.*) keys.
+    mesh = sharding.make_mesh(config.mesh, devices, dimensions)
+    rules = sharding.logical_axis_rules(config.mesh)
+  except ValueError as e:
     raise errors.ConfigError(str(e)) from e
-  return Build(mesh, sharding.logical_axis_rules(config.mesh),
-               model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule,
+  return Build(mesh, rules, model=model_lib.Transformer(model_cfg), tx=tx, schedule=schedule,
                grad_accum_steps=train_cfg.grad_accum_steps)
 
 
@@ -195,7 +106,8 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
     fingerprint.check_vocabulary(config, workdir, manager)
     if read_only:
       fingerprint.require_vocabulary(config, workdir)
-    tokenizer = input_pipeline.get_tokenizer(config.data, workdir, jax.process_index())
+    vocabulary = workdir_lib.path(workdir, workdir_lib.vocabulary_file(config.data.vocab_size))
+    tokenizer = input_pipeline.get_tokenizer(config.data, vocabulary, jax.process_index())
     if tokenizer.vocab_size != model_cfg.vocab_size:
       raise errors.ConfigError(f'The vocabulary in {workdir} has {tokenizer.vocab_size} pieces, not '
                                f'data.vocab_size={model_cfg.vocab_size}')

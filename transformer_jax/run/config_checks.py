@@ -9,7 +9,6 @@ import math
 
 from absl import logging
 from etils import epath
-import jax
 
 from transformer_jax import errors
 from transformer_jax.data import input_pipeline
@@ -23,7 +22,6 @@ from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.storage import checkpoint_checks
 from transformer_jax.storage import workdir as workdir_lib
-from transformer_jax.training import optim
 
 
 def _require(ok: bool, key: str, value, allowed: str) -> None:
@@ -39,14 +37,15 @@ def _is_non_negative_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def validate_config(config, num_devices: int | None = None) -> model_lib.ModelConfig:
+def validate_config(config) -> model_lib.ModelConfig:
   """Checks every configuration value at start-up, in one place, before anything is read or written.
 
-  Input files are checked separately (`check_data_files`): compile and benchmark modes read none.
+  Two checks need more than the config and come later, still before anything is written: input files
+  (`check_data_files`: compile and benchmark modes read none), and the mesh against the devices and the model's
+  dimensions (`sharding.make_mesh` with `mesh_dimensions`, in `experiment.compute_setup`).
 
   Args:
     config: the ConfigDict (configs/base.py).
-    num_devices: the devices the mesh spans; `jax.device_count()` by default.
 
   Returns:
     The ModelConfig at the configured vocabulary size.
@@ -77,15 +76,6 @@ def validate_config(config, num_devices: int | None = None) -> model_lib.ModelCo
   _require(model_cfg.max_length >= data_cfg.max_length + decode_cfg.extra_length or model_cfg.position_embedding
            != 'learned', 'data.max_length + decode.extra_length', data_cfg.max_length + decode_cfg.extra_length,
            f'<= model.max_length={model_cfg.max_length} with learned positions (the longest decode)')
-  try:
-    mesh_sizes = sharding.mesh_shape(config.mesh, num_devices or jax.device_count())
-    rules = sharding.logical_axis_rules(config.mesh)
-  except ValueError as e:  # sharding names the mesh.* field (model code raises the built-in type).
-    raise errors.ConfigError(str(e)) from e
-  _check_mesh_divides_model(config, model_cfg, mesh_sizes, rules)
-  optim.make_optimizer(optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale),
-                       b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
-                       grad_clip_norm=train_cfg.grad_clip_norm)
   return model_cfg
 
 
@@ -101,14 +91,10 @@ def model_config(config) -> model_lib.ModelConfig:
     raise errors.ConfigError(str(e)) from e
 
 
-def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_sizes, rules) -> None:
-  """Every model dimension split over mesh axes must divide by their size (checked before any write).
-
-  Raises:
-    errors.ConfigError: naming the model (or data) key and the mesh keys, e.g. model.num_heads=3 with mesh.tensor=2.
-  """
-  sizes = dict(zip(sharding.MESH_AXES, mesh_sizes))
-  dimensions = {  # Logical axis -> the config keys and values of the dimensions that carry it.
+def mesh_dimensions(model_cfg: model_lib.ModelConfig) -> dict[str, list[tuple[str, int]]]:
+  """The model dimensions a mesh may split, by logical axis: the config key and size of each
+  (`sharding.make_mesh` checks that every split one divides by its mesh axes, naming the key)."""
+  return {
       sharding.HEADS: [('model.num_heads', model_cfg.num_heads)],
       sharding.KV_HEADS: [('model.num_kv_heads', model_cfg.key_value_heads)],
       sharding.MLP: [('model.d_ff', model_cfg.d_ff)],
@@ -116,15 +102,6 @@ def _check_mesh_divides_model(config, model_cfg: model_lib.ModelConfig, mesh_siz
       sharding.KV: [('model.d_k', model_cfg.d_k), ('model.d_v', model_cfg.d_v)],
       sharding.VOCAB: [('data.vocab_size', model_cfg.vocab_size)],
   }
-  for name, axes in rules:
-    axes = axes if isinstance(axes, tuple) else (axes,)
-    axes = tuple(axis for axis in axes if axis is not None and sizes[axis] > 1)
-    split = math.prod(sizes[axis] for axis in axes)
-    for key, value in dimensions.get(name, []):
-      if split > 1 and value % split:
-        mesh_keys = ' x '.join(f'mesh.{axis}={sizes[axis]}' for axis in axes)
-        raise errors.ConfigError(f'{key}={value} does not divide by {mesh_keys} ({name!r} is split over '
-                                 f'{axes} by mesh.logical_axis_rules): change {key} or the mesh')
 
 
 def _validate_selection(eval_cfg, train_cfg, data_cfg) -> None:
@@ -157,6 +134,11 @@ def _validate_train(train_cfg) -> None:
   _require(0.0 <= train_cfg.label_smoothing < 1.0, 'train.label_smoothing', train_cfg.label_smoothing, 'in [0, 1)')
   _require(math.isfinite(train_cfg.grad_clip_norm) and train_cfg.grad_clip_norm >= 0, 'train.grad_clip_norm',
            train_cfg.grad_clip_norm, 'a finite number >= 0 (0 disables clipping)')
+  for key in ('adam_b1', 'adam_b2'):
+    _require(isinstance(train_cfg[key], (int, float)) and 0.0 <= train_cfg[key] < 1.0, f'train.{key}', train_cfg[key],
+             'in [0, 1)')
+  _require(isinstance(train_cfg.adam_eps, (int, float)) and math.isfinite(train_cfg.adam_eps)
+           and train_cfg.adam_eps > 0, 'train.adam_eps', train_cfg.adam_eps, 'a finite number > 0')
   _require(train_cfg.on_nonfinite in ('stop', 'skip'), 'train.on_nonfinite', train_cfg.on_nonfinite,
            "one of ('stop', 'skip')")
 
@@ -199,11 +181,12 @@ def check_data_files(data_config, splits) -> None:
     treebank.TreebankError, treebank.TreebankLayoutError: naming the file and line of a tree that cannot be
       read, or what data.treebank_dir lacks.
   """
+  if data_config.dataset != 'treebank':  # A parser is scored by F1, not BLEU.
+    bleu.check_sacrebleu_tokenizer(data_config.target_lang)
   if data_config.dataset == 'treebank':  # Reads every tree of the splits (cached for the run): a bad one stops here.
     for split in splits:
       treebank.split_trees(data_config.treebank_dir, split)
     return
-  bleu.check_sacrebleu_tokenizer(data_config.target_lang)
   if data_config.dataset == 'multi30k' and data_config.manual_dir:
     multi30k.check_manual_dir(data_config.manual_dir, (data_config.source_lang, data_config.target_lang))
   if data_config.dataset != 'text':
