@@ -43,7 +43,10 @@ try:  # The package in sub-packages.
   from transformer_jax.decoding import translate
   from transformer_jax.model import transformer as model_lib
   from transformer_jax.storage import workdir as workdir_lib
-  from transformer_jax.training import experiment
+  try:
+    from transformer_jax.run import experiment
+  except ImportError:  # Sub-packages before run/ (cbbd587).
+    from transformer_jax.training import experiment
 except ImportError:  # The flat package (a686d99 and earlier): the kernels chosen inside the model, no backend.
   from transformer_jax import experiment
   from transformer_jax import model as model_lib
