@@ -101,7 +101,8 @@ def main() -> None:
     model = model_lib.Transformer(dataclasses.replace(cfg, decoding_kernel=kernel))
     with_backend = {} if backends is None else {'backend': backends.decoding_backend(model.cfg)}
     params = nn.unbox(model.init(jax.random.key(0), sources[16], sources[16])['params'])
-    params = model_lib.params_in_compute_dtype(params, model.cfg)  # As translate.decode_all casts them.
+    cast = getattr(translate, 'params_in_compute_dtype', None) or model_lib.params_in_compute_dtype
+    params = cast(params, model.cfg)  # As translate.decode_all casts them.
     start_options = dict(model=model, beam_size=beam, extra_length=extra, max_steps=16 + extra, cache_length=32,
                          **{greedy_name: False}, **with_backend)
     start = translate._start_jit.lower(  # pylint: disable=protected-access
