@@ -39,8 +39,9 @@ def compute_setup(config, devices=None) -> Build:
     devices: the mesh's devices; all of `jax.devices()` by default (compile: a TPU slice's, `tpu_slices`).
 
   Raises:
-    errors.ConfigError: for a bad config value (`validate_config`), or a mesh whose processes would not each
-      hold their own rows of a batch.
+    errors.ConfigError: for a bad config value (`validate_config`), a mesh that does not fit the devices or
+      does not divide the model's dimensions (naming the model and mesh keys), or a mesh whose processes would
+      not each hold their own rows of a batch.
   """
   model_cfg = config_checks.validate_config(config)
   dimensions = config_checks.mesh_dimensions(model_cfg)

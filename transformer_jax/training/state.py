@@ -1,6 +1,6 @@
 """The training state (§5.3, §5.4): `TrainState`, the model's keyword inputs from a batch (`model_inputs`), and
 the state's creation, directly in its sharded layout (`sharded_train_state`) or from shapes alone
-(`create_train_state` under `jax.eval_shape`, as `experiment.Build.abstract_state` does).
+(`create_train_state` under `jax.eval_shape`, as `build.Build.abstract_state` does).
 """
 import functools
 from typing import Any
