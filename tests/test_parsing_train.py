@@ -27,6 +27,7 @@ def test_config_has_the_papers_section_6_3_values():
   assert (paper.data.dataset, paper.eval.metric, paper.eval.checkpoint_selection) == ('treebank', 'f1', 'best')
   assert (cpu.decode.beam_size, cpu.decode.alpha, cpu.decode.extra_length) == (21, 0.3, 300)
   assert cpu.model.d_model < paper.model.d_model
+  assert (paper.data.treebank_target, cpu.data.treebank_target) == ('xx', 'words')  # XX: Vinyals et al.'s.
   with pytest.raises(ValueError, match='variants'):
     parsing_config.get_config('big')
 
@@ -54,7 +55,10 @@ def test_the_metric_goes_with_the_dataset():
   config.eval.metric = 'bleu'
   with pytest.raises(errors.ConfigError, match="eval.metric must be 'f1' with data.dataset='treebank'.*got 'bleu'"):
     config_checks.validate_config(config, num_devices=1)
-  config.eval.metric, config.data.dataset = 'f1', 'multi30k'
+  config.eval.metric, config.data.treebank_target = 'f1', 'tags'
+  with pytest.raises(errors.ConfigError, match=r"data.treebank_target must be one of \('xx', 'words'\), got 'tags'"):
+    config_checks.validate_config(config, num_devices=1)
+  config.data.treebank_target, config.data.dataset = 'xx', 'multi30k'
   with pytest.raises(errors.ConfigError, match="data.dataset='multi30k', got 'f1'"):
     config_checks.validate_config(config, num_devices=1)
 
