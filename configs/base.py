@@ -77,6 +77,9 @@ def get_config() -> ml_collections.ConfigDict:
       # dataset='treebank' (§6.3 parsing, configs/parsing.py): the folder of bracketed trees, WSJ sections
       # (wsj_SSNN.mrg: train 02-21, dev 22, test 23) or train*/dev*/test* files (data/treebank.py).
       treebank_dir='',
+      # dataset='treebank': what stands for a word in the output, 'xx' (Vinyals et al. (2015) and §6.3: every
+      # POS tag XX) or 'words' (the word itself, which the decoder can follow; not in the paper).
+      treebank_target='xx',
       vocab_size=37000,                 # §5.1: shared source-target BPE of about 37,000 tokens.
       tokenizer_model_type='bpe',
       tokenizer_train_sentences=2_000_000,  # Sentences (source + target) sampled to train the vocabulary.

@@ -34,6 +34,24 @@ def test_linearize_is_vinyals_with_closing_labels_and_xx():
       '(S (NP XX XX )NP (VP XX (VP XX (PP XX (NP XX XX )NP )PP )VP )VP XX )S')
 
 
+def test_the_words_target_writes_each_word_and_a_bracket_like_word_as_xx():
+  tree = treebank.clean(T(PTB_TREE, remove_empty_top_bracketing=True))
+  assert ' '.join(treebank.linearize(tree, 'words')) == (
+      '(S (NP The dog )NP (VP was (VP seen (PP in (NP the park )NP )PP )VP )VP . )S')
+  leaf = lambda tag, word: nltk.Tree(tag, [word])
+  odd = nltk.Tree('S', [nltk.Tree('NP', [leaf('-LRB-', '('), leaf('NN', 'a'), leaf('-RRB-', ')')]),
+                        nltk.Tree('VP', [leaf('VB', '(x)')]), leaf('.', '.')])
+  assert treebank.linearize(odd, 'words') == ['(S', '(NP', '(', 'a', 'XX', ')NP', '(VP', 'XX', ')VP', '.', ')S']
+  words, tags = treebank.words_and_tags(odd)
+  back, repaired = treebank.delinearize(treebank.linearize(odd, 'words'), words, tags)
+  assert back == nltk.Tree('TOP', [odd]) and not repaired
+  # Whatever a word token says, it is the next word's slot: the tree's words are the input's.
+  back, repaired = treebank.delinearize('(S (NP dog dog )NP (VP bark )VP )S', ['a', 'b', 'c'])
+  assert treebank.one_line(back) == '(TOP (S (NP (XX a) (XX b)) (VP (XX c))))' and not repaired
+  with pytest.raises(ValueError, match="target 'tags' is none of"):
+    treebank.linearize(tree, 'tags')
+
+
 def test_delinearize_inverts_and_keeps_the_words_and_tags():
   tree = treebank.clean(T(PTB_TREE, remove_empty_top_bracketing=True))
   words, tags = treebank.words_and_tags(tree)
@@ -63,15 +81,16 @@ def test_delinearize_repairs_malformed_outputs(output, expected):
   assert tree.leaves() == ['a', 'b', 'c']
 
 
-def test_linearisation_round_trips_every_synthetic_tree(synthetic_treebank):
+@pytest.mark.parametrize('target', treebank.TARGETS)
+def test_linearisation_round_trips_every_synthetic_tree(synthetic_treebank, target):
   for split in treebank.SPLIT_NAMES:
     trees = treebank.split_trees(synthetic_treebank, split)
-    sources, targets = treebank.split_pairs(synthetic_treebank, split)
+    sources, targets = treebank.split_pairs(synthetic_treebank, split, target)
     assert len(trees) == len(sources) == {'train': 3000, 'dev': 200, 'test': 200}[split]
-    for tree, source, target in zip(trees, sources, targets):
+    for tree, source, output in zip(trees, sources, targets):
       words, tags = treebank.words_and_tags(tree)
       assert source.split() == words
-      back, repaired = treebank.delinearize(target, words, tags)
+      back, repaired = treebank.delinearize(output, words, tags)
       assert (back, repaired) == (nltk.Tree('TOP', [tree]), False)
 
 
@@ -90,6 +109,9 @@ def test_the_tokenizer_keeps_every_output_symbol_one_piece(synthetic_treebank, t
   ids = vocabulary.encode(targets[:50])
   assert [len(row) for row in ids] == [len(target.split()) for target in targets[:50]]
   assert vocabulary.decode(ids) == targets[:50]
+  # The words target (a vocabulary trained on the XX target's lines also holds the words: they are the sources).
+  word_targets = treebank.split_pairs(synthetic_treebank, 'train', 'words')[1][:50]
+  assert vocabulary.decode(vocabulary.encode(word_targets)) == word_targets
 
 
 def test_wsj_sections_give_the_standard_split(tmp_path):

@@ -57,7 +57,7 @@ def load_split(data_config: Any, split: str) -> tuple[list[str], list[str]]:
   """
   langs = (data_config.source_lang, data_config.target_lang)
   if data_config.dataset == 'treebank':  # Words -> linearised trees (§6.3, data/treebank.py).
-    source, target = treebank.split_pairs(data_config.treebank_dir, split)
+    source, target = treebank.split_pairs(data_config.treebank_dir, split, data_config.treebank_target)
     _log_once(f'Read {len(source)} trees of split {split!r} from data.treebank_dir={data_config.treebank_dir}.')
     return source, target
   if data_config.dataset == 'text':

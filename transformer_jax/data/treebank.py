@@ -27,6 +27,13 @@ The tags of a parsed sentence are then unknown: scoring gives the predicted tree
 output, so the output vocabulary is the bracket tokens and the placeholder (`output_symbols`), which the
 tokenizer keeps as single pieces.
 
+Not the paper's: `linearize(tree, target='words')` (data.treebank_target='words') writes each word itself where
+Vinyals et al. write XX, '(S (NP The dog )NP (VP barked )VP . )S': the decoder can then find its place in the
+sentence by the word it last wrote (a copy that attention can follow) instead of counting placeholders. A word
+that starts with '(' or ')' would read as a bracket token and is written as XX. `delinearize` reads both
+targets alike: every token that is not a bracket is the next word's slot, whatever it says; the words of the
+tree are always the input's.
+
 `delinearize` is the inverse, and repairs an output that is not a well-formed tree: a closing token with no open
 bracket is dropped, brackets left open are closed, placeholders beyond the number of words are dropped and words
 without a placeholder are attached at the end of the sentence's top constituent; brackets that hold no word are
@@ -48,6 +55,9 @@ from nltk.corpus.reader.util import read_sexpr_block
 from transformer_jax import errors
 
 PLACEHOLDER = 'XX'  # Every POS tag of the output (Vinyals et al., 2015).
+# data.treebank_target: what stands for a word in the output: 'xx' (PLACEHOLDER, Vinyals et al. and §6.3) or
+# 'words' (the word itself; not the paper's).
+TARGETS = ('xx', 'words')
 ROOT_LABEL = 'TOP'  # The node `delinearize` puts every output under; EVALB's COLLINS.prm deletes it.
 WSJ_SPLITS = {'train': range(2, 22), 'dev': (22,), 'test': (23,)}  # The standard sections: 02-21, 22, 23.
 SPLIT_NAMES = tuple(WSJ_SPLITS)
@@ -187,21 +197,35 @@ def words_and_tags(tree: nltk.Tree) -> tuple[list[str], list[str]]:
   return [word for word, _ in pairs], [tag for _, tag in pairs]
 
 
-def linearize(tree: nltk.Tree) -> list[str]:
-  """Vinyals et al. (2015)'s linearisation: '(LABEL' ... ')LABEL' per phrase, PLACEHOLDER per word.
+def _is_bracket_token(token: str) -> bool:
+  """Whether `delinearize` reads `token` as a bracket: '(LABEL' (more than the '(') or anything from ')'."""
+  return (token.startswith('(') and len(token) > 1) or token.startswith(')')
+
+
+def linearize(tree: nltk.Tree, target: str = 'xx') -> list[str]:
+  """Vinyals et al. (2015)'s linearisation: '(LABEL' ... ')LABEL' per phrase, PLACEHOLDER (or the word) per word.
 
   Args:
     tree: a cleaned tree (`clean`).
+    target: one of TARGETS: 'xx', PLACEHOLDER for every word (Vinyals et al.; §6.3); 'words', the word itself,
+      except a word that `delinearize` would read as a bracket token (starting with '(' and longer than it, or
+      with ')'), which is PLACEHOLDER.
 
   Returns:
-    The output tokens, e.g. ['(S', '(NP', 'XX', 'XX', ')NP', '(VP', 'XX', ')VP', 'XX', ')S']; as many
-    PLACEHOLDERs as the tree has words.
+    The output tokens, e.g. ['(S', '(NP', 'XX', 'XX', ')NP', '(VP', 'XX', ')VP', 'XX', ')S'], or with 'words'
+    ['(S', '(NP', 'The', 'dog', ')NP', '(VP', 'barked', ')VP', '.', ')S']; one word token per word of the tree.
+
+  Raises:
+    ValueError: for a target not in TARGETS.
   """
+  if target not in TARGETS:
+    raise ValueError(f'target {target!r} is none of {TARGETS}')
   if _is_preterminal(tree):
-    return [PLACEHOLDER]
+    word = tree[0]
+    return [word if target == 'words' and not _is_bracket_token(word) else PLACEHOLDER]
   tokens = [f'({tree.label()}']
   for child in tree:
-    tokens += linearize(child)
+    tokens += linearize(child, target)
   return tokens + [f'){tree.label()}']
 
 
@@ -209,13 +233,15 @@ def delinearize(tokens: str | Sequence[str], words: Sequence[str], tags: Sequenc
                 ) -> tuple[nltk.Tree, bool]:
   """The tree of an output sequence over `words`, repaired where the output is not well formed.
 
-  Tokens starting with '(' open a phrase of that label; tokens starting with ')' close the innermost open phrase
-  (whatever label they repeat); any other token stands for the next word. Repairs (see the module docstring):
+  Tokens starting with '(' (and longer than it) open a phrase of that label; tokens starting with ')' close the
+  innermost open phrase (whatever label they repeat); any other token (PLACEHOLDER, or a word of the 'words'
+  target, whatever it says) stands for the next word. Repairs (see the module docstring):
   unmatched closing tokens are dropped, open phrases closed, extra word slots dropped, missing words attached
   at the end of the top phrase, phrases without words dropped.
 
   Args:
-    tokens: the output, a str of space-separated tokens or a sequence of tokens.
+    tokens: the output (of either target of `linearize`), a str of space-separated tokens or a sequence of
+      tokens.
     words: the sentence's words.
     tags: the POS tag of each word (the gold tags when scoring); None: PLACEHOLDER for every word.
 
@@ -346,11 +372,14 @@ def split_trees(treebank_dir: str | os.PathLike[str], split: str) -> tuple[nltk.
   return trees
 
 
-def split_pairs(treebank_dir: str | os.PathLike[str], split: str) -> tuple[list[str], list[str]]:
-  """(sources, targets) of a split: each sentence's words joined by spaces, and its linearisation joined by spaces.
+def split_pairs(treebank_dir: str | os.PathLike[str], split: str, target: str = 'xx'
+                ) -> tuple[list[str], list[str]]:
+  """(sources, targets) of a split: each sentence's words joined by spaces, and its linearisation (`linearize`
+  with `target`, 'xx' or 'words') joined by spaces.
 
   Raises:
+    ValueError: for a target not in TARGETS.
     As `split_trees`.
   """
   trees = split_trees(treebank_dir, split)
-  return [' '.join(tree.leaves()) for tree in trees], [' '.join(linearize(tree)) for tree in trees]
+  return [' '.join(tree.leaves()) for tree in trees], [' '.join(linearize(tree, target)) for tree in trees]

@@ -158,6 +158,8 @@ def _validate_data(data_cfg) -> None:
            data_cfg.tokenizer_seed, 'an integer in [0, 2**32)')
   _require(isinstance(data_cfg.shuffle_seed, int) and 0 <= data_cfg.shuffle_seed < 2**32, 'data.shuffle_seed',
            data_cfg.shuffle_seed, 'an integer in [0, 2**32)')
+  _require(data_cfg.treebank_target in treebank.TARGETS, 'data.treebank_target', data_cfg.treebank_target,
+           f'one of {treebank.TARGETS}')
   _require(0.0 <= data_cfg.bpe_dropout_rate < 1.0, 'data.bpe_dropout_rate', data_cfg.bpe_dropout_rate, 'in [0, 1)')
   _require(not data_cfg.bpe_dropout_rate or data_cfg.tokenizer_model_type == 'bpe', 'data.bpe_dropout_rate',
            data_cfg.bpe_dropout_rate, "0 unless data.tokenizer_model_type='bpe'")
