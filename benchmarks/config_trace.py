@@ -26,7 +26,7 @@ PACKAGE = REPO / 'transformer_jax'
 
 
 def _module(path: pathlib.Path) -> str:
-  """A package file's module below the package: 'training.train', 'errors'."""
+  """A package file's module below the package: 'run.train', 'errors'."""
   return '.'.join(path.relative_to(PACKAGE).with_suffix('').parts)
 
 
@@ -41,7 +41,7 @@ def _imports() -> dict[str, set[str]]:
         below = node.module.removeprefix('transformer_jax').lstrip('.')
         if below in modules:  # from transformer_jax.storage.checkpoints import CheckpointManager
           names.add(below)
-        else:  # from transformer_jax import errors; from transformer_jax.training import train
+        else:  # from transformer_jax import errors; from transformer_jax.run import train
           names.update(f'{below}.{alias.name}'.lstrip('.') for alias in node.names)
     direct[_module(path)] = names
   closure = {}

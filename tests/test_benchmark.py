@@ -148,7 +148,7 @@ def test_benchmark_mode_runs(name, capsys):
 
 @pytest.mark.integration
 def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, capsys):
-  """The benchmark jits `step_lib.jit_train_step` of a Build made by `experiment.compute_setup`: its optimiser honours
+  """The benchmark jits `step.jit_train_step` of a Build made by `experiment.compute_setup`: its optimiser honours
   every train.* optimiser field (it once built its own Adam, ignoring them)."""
   config = load_config('smoke')
   config.train.update(learning_rate_scale=3.0, adam_b1=0.8, adam_b2=0.9, adam_eps=1e-6, grad_clip_norm=0.5,

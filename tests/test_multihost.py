@@ -3,8 +3,8 @@ compute what one process computes on the same global batch; and the rule that de
 
 The processes run this file as a script (`_worker_main`): each sees 2 fake CPU devices, so the pair forms a
 4-device mesh (data=2 across the processes, fsdp=2 within each), reads its half of every global batch from
-train_iterator.TrainIterator and assembles global arrays with experiment.Build.device_batch. The reference is one
-process with 4 devices.
+train_iterator.TrainIterator and assembles global arrays with training.build.Build.device_batch. The reference is
+one process with 4 devices.
 """
 import argparse
 import functools
@@ -28,7 +28,7 @@ from transformer_jax.decoding import translate
 from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import distributed
-from transformer_jax.run import experiment
+from transformer_jax.training import build
 from transformer_jax.training import optim
 from transformer_jax.training import state as state_lib
 from transformer_jax.training import step as step_lib
@@ -95,7 +95,7 @@ def _worker_main() -> None:
   model = model_lib.Transformer(model_lib.ModelConfig(vocab_size=config.data.vocab_size, **config.model))
   schedule = optim.rsqrt_schedule(config.model.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
-  s = experiment.Build(mesh, rules, model, tx, schedule, config.train.grad_accum_steps)
+  s = build.Build(mesh, rules, model, tx, schedule, config.train.grad_accum_steps)
   iterator = train_iterator.TrainIterator.from_config(
       config.data, *_corpus(), batch_size_multiple=s.data_shards, process_index=jax.process_index(),
       process_count=jax.process_count())

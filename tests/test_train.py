@@ -1,5 +1,5 @@
-"""Tests for transformer_jax.training.train: the steps learn and are deterministic, main runs end to end, resuming
-is exact.
+"""Tests for transformer_jax.training.step and transformer_jax.run.train: the steps learn and are deterministic,
+main runs end to end, resuming is exact.
 
 End-to-end runs use configs/smoke.py on a synthetic word-for-word "translation" corpus written to a temporary
 folder (dataset='text'), so they need neither the network nor the real corpus; one test trains on the real
@@ -25,6 +25,7 @@ from transformer_jax.model import sharding
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.run import config_checks
 from transformer_jax.run import experiment
+from transformer_jax.training import build
 from transformer_jax.training import goodput
 from transformer_jax.training import optim
 from transformer_jax.training import state as state_lib
@@ -103,7 +104,7 @@ def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypat
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_axis_rules(config.mesh)
   schedule = optim.rsqrt_schedule(model_cfg.d_model, config.train.warmup_steps)
   tx = optim.make_optimizer(schedule)
-  s = experiment.Build(mesh, rules, model_lib.Transformer(model_cfg), tx, schedule, config.train.grad_accum_steps)
+  s = build.Build(mesh, rules, model_lib.Transformer(model_cfg), tx, schedule, config.train.grad_accum_steps)
   rng = np.random.default_rng(0)
   batch_a, batch_b = (copy_task_batch(rng, 8, 32, VOCAB_SIZE) for _ in range(2))
   batch_c, batch_d = (copy_task_batch(rng, 16, 16, VOCAB_SIZE) for _ in range(2))

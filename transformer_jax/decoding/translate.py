@@ -3,7 +3,8 @@
 `decode_batch` is one jitted search over a batch; `decode_batch_compacted` the same search driven from the host,
 which drops the sentences that are done as it goes; `decode_all` runs either over a split's batches (on one
 device, `decode.concurrent_batches` of them at once; multi-host: every process gets every row back);
-`translate` detokenises. Which checkpoints to decode and what to do with the output is `evaluate.py`'s.
+`translate` detokenises. Which checkpoints to decode and what to do with the output is `evaluation/evaluate.py`'s
+(during and after training) and `run/evaluate.py`'s (--mode=evaluate and --mode=translate).
 
 Every search runs its steps on a decoding backend (`backends.DecodingBackend`), chosen on the host before the
 search is traced (`backends.decoding_backend`, from `model.decoding_kernel`).

@@ -37,7 +37,7 @@ def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]
   """Teacher-forced metrics over all batches, summed before dividing (padding rows weigh 0).
 
   Args:
-    eval_step_fn: eval_fn(params, batch) -> metric sums (`jit_eval_step`).
+    eval_step_fn: eval_fn(params, batch) -> metric sums (`step.jit_eval_step`).
     params: the parameters.
     batches: batches of global (or host-local, single-process) arrays; `example_index` is dropped.
 
@@ -62,7 +62,7 @@ def validate(setup: Build, eval_fn, params, eval_batches, step: int) -> dict[str
 
   Args:
     setup: the Build or Setup (its mesh places the batches).
-    eval_fn: `jit_eval_step`'s function.
+    eval_fn: `step.jit_eval_step`'s function.
     params: the parameters, placed as for training.
     eval_batches: this host's rows of every validation batch (`input_pipeline.split_eval_batches`).
     step: the training step, for the log line.
@@ -214,8 +214,9 @@ def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, t
                      eval_split=None, run_info=None, output_dir: str | None = None) -> dict[str, float]:
   """Validation metrics and BLEU, and test BLEU, of the chosen checkpoints (`load_params`).
 
-  Hypotheses are written to `<output_dir>/<split>.hyp.<target_lang>` and every figure to
-  `<output_dir>/final_metrics.json` (process 0).
+  Hypotheses are written to `<output_dir>/<split>.hyp.<target_lang>`, the figures to TensorBoard (`writer`:
+  `eval_averaged/*` and `test/*` at the last chosen step), and last every figure to `<output_dir>/final_metrics.json`
+  (process 0).
 
   Args:
     config: the run's config (eval.*, decode.*, data.*, train.translate_at_end).
@@ -238,12 +239,12 @@ def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, t
     `decode_sentences_per_sec`; with eval.metric='f1' (a parser) `parsing.final_scores`' figures instead of
     the BLEUs.
   """
+  params, steps = load_params(config.eval, setup)
   data_cfg = config.data
   translate_at_end = config.train.translate_at_end
   if translate_at_end:  # Read and encoded here unless the caller has them (a training run does).
     eval_split = eval_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.eval_split)
     test_split = test_split or input_pipeline.encode_split(data_cfg, setup.tokenizer, data_cfg.test_split)
-  params, steps = load_params(config.eval, setup)
   output_dir = output_dir or setup.workdir
   with setup.mesh_context():
     results = validate(setup, eval_fn, params, eval_batches, steps[-1])
@@ -255,10 +256,12 @@ def final_evaluation(config, setup: Setup, eval_fn, eval_batches, writer=None, t
     elif translate_at_end:
       results |= _translate_at_end(config, setup, params, eval_split, test_split, output_dir, steps)
       test_scalars = {key: results[key] for key in _BLEUS}
-  _write_final_metrics(config.eval.checkpoint_selection, output_dir, results, steps, params, run_info)
   metrics_lib.write_scalars(writer, steps[-1], validation_scalars, 'eval_averaged')
   if test_scalars:
     metrics_lib.write_scalars(writer, steps[-1], test_scalars, 'test')
+  # Last: a training run whose final_metrics.json exists is finished (a rerun does nothing), so everything
+  # else this evaluation writes comes before it.
+  _write_final_metrics(config.eval.checkpoint_selection, output_dir, results, steps, params, run_info)
   return results
 
 

@@ -77,9 +77,9 @@ def make_mesh(mesh_config, devices=None, dimensions: dict[str, list[tuple[str, i
       by their size. None: not checked.
 
   Raises:
-    ValueError: for bad axis sizes (see `mesh_shape`) or rules (see `logical_axis_rules`), a dimension that does
-      not divide by its mesh axes (naming its key and the mesh keys), or a layout in which processes would share
-      batch rows (see `check_process_layout`).
+    ValueError: for bad axis sizes (see `mesh_shape`); with `dimensions`, for bad rules (see
+      `logical_axis_rules`) or a dimension that does not divide by its mesh axes (naming its key and the mesh
+      keys); for a layout in which processes would share batch rows (see `check_process_layout`).
   """
   devices = jax.devices() if devices is None else list(devices)
   shape = mesh_shape(mesh_config, len(devices))

@@ -40,9 +40,10 @@ def _is_non_negative_int(value) -> bool:
 def validate_config(config) -> model_lib.ModelConfig:
   """Checks every configuration value at start-up, in one place, before anything is read or written.
 
-  Two checks need more than the config and come later, still before anything is written: input files
-  (`check_data_files`: compile and benchmark modes read none), and the mesh against the devices and the model's
-  dimensions (`sharding.make_mesh` with `mesh_dimensions`, in `experiment.compute_setup`).
+  What needs more than the config is checked where that is at hand: the optimiser's settings when it is built
+  (`optim`), the mesh against the devices and the model's dimensions where it is made (`sharding.make_mesh` with
+  `mesh_dimensions`), both in `experiment.compute_setup`; the input files (`check_data_files`: compile and
+  benchmark modes read none), the run folder and the vocabulary in `experiment.setup`.
 
   Args:
     config: the ConfigDict (configs/base.py).
@@ -134,11 +135,6 @@ def _validate_train(train_cfg) -> None:
   _require(0.0 <= train_cfg.label_smoothing < 1.0, 'train.label_smoothing', train_cfg.label_smoothing, 'in [0, 1)')
   _require(math.isfinite(train_cfg.grad_clip_norm) and train_cfg.grad_clip_norm >= 0, 'train.grad_clip_norm',
            train_cfg.grad_clip_norm, 'a finite number >= 0 (0 disables clipping)')
-  for key in ('adam_b1', 'adam_b2'):
-    _require(isinstance(train_cfg[key], (int, float)) and 0.0 <= train_cfg[key] < 1.0, f'train.{key}', train_cfg[key],
-             'in [0, 1)')
-  _require(isinstance(train_cfg.adam_eps, (int, float)) and math.isfinite(train_cfg.adam_eps)
-           and train_cfg.adam_eps > 0, 'train.adam_eps', train_cfg.adam_eps, 'a finite number > 0')
   _require(train_cfg.on_nonfinite in ('stop', 'skip'), 'train.on_nonfinite', train_cfg.on_nonfinite,
            "one of ('stop', 'skip')")
 

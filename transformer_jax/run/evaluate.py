@@ -35,7 +35,7 @@ def evaluate_checkpoint(config, workdir: str, output_dir: str | None = None) -> 
   lock. The training run's own final evaluation in the workdir is never overwritten.
 
   Returns:
-    The figures of `final_evaluation`.
+    The figures of `evaluate.final_evaluation`.
 
   Raises:
     errors.UserError: from `experiment.setup` (a missing file, a config the run disagrees with, a run folder in use

@@ -286,11 +286,13 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   is returned).
 
   Returns:
-    The final metrics: validation loss/nll/perplexity/accuracy, and `bleu` when train.translate_at_end; or
-    {'stopped_at_step': step} when a signal stopped training (after saving checkpoint `step`).
+    The final metrics (`evaluate.final_evaluation`): validation loss/nll/perplexity/accuracy, and with
+    train.translate_at_end the BLEUs (a parser: F1); or {'stopped_at_step': step} when a signal stopped training
+    (after saving checkpoint `step`).
 
   Raises:
     errors.DivergedError: for a non-finite loss or gradient with train.on_nonfinite='stop'.
+    memory.DoesNotFitError: when the train step at its largest batch would not fit the device's memory.
     ValueError, FileNotFoundError, OSError: from the start-up checks (`experiment.setup`).
   """
   data_cfg = config.data

@@ -4,8 +4,8 @@
   python -m transformer_jax.main --config=configs/big.py --mode=compile --workdir=/tmp/aot \
       --config.mesh.data=1 --config.mesh.fsdp=-1
 
-Lowers and compiles exactly the jitted `step_lib.train_step` that training runs (same shardings, donation,
-train.grad_accum_steps and logical axis rules) for the batch shape that needs the most memory, without reading
+Lowers and compiles exactly the jitted `step.train_step` (training/step.py) that training runs (same shardings,
+donation, train.grad_accum_steps and logical axis rules) for the batch shape that needs the most memory, without reading
 data, training a vocabulary, touching checkpoints or running the step. It prints what each device would need
 (`Compiled.memory_analysis()`: arguments, outputs, aliased (donated) buffers, temporaries, generated code),
 the compiler's FLOP and byte counts (`cost_analysis()`, per device), and the collectives in the optimised HLO,
@@ -79,7 +79,7 @@ def compile_train_step(config, devices=None) -> tuple[Any, dict[str, Any]]:
   setup = experiment.compute_setup(config, devices)  # Compile mode reads and writes nothing.
   abstract_state = setup.abstract_state()
   shape = memory.largest_batch_shape(config.data, setup.rows_multiple)
-  batch = memory.abstract_batch(config.data, shape, sharding.batch_sharding(setup.mesh))
+  batch = memory.abstract_batch(config.data, shape, setup.batch_sharding)
   train_fn = step_lib.jit_train_step(setup, sharding.shardings_of(abstract_state), config.train.label_smoothing)
   figures = {
       'mesh': dict(setup.mesh.shape), 'devices': setup.mesh.size, 'device_kind': setup.mesh.devices.flat[0].device_kind,

@@ -69,7 +69,7 @@ def compiled_synthetic_step(config):
   bench = config.benchmark
   batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   host_batch = synthetic_batch(setup.model.cfg, batch_size, bench.source_length, bench.target_length)
-  batch = {k: jax.device_put(v, sharding.batch_sharding(setup.mesh)) for k, v in host_batch.items()}
+  batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
   step_fn = step_lib.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     state, _ = state_lib.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
@@ -137,7 +137,7 @@ def _fitting_step(setup, bench, step_fn, abstract_state, batch_size: int):
   """
   num_shards = setup.rows_multiple
   requested = batch_size = batching.padded_rows(batch_size, num_shards)
-  batch_sharding = sharding.batch_sharding(setup.mesh)
+  batch_sharding = setup.batch_sharding
   while True:
     lengths = {'source_tokens': bench.source_length, 'decoder_input_tokens': bench.target_length,
                'target_tokens': bench.target_length}

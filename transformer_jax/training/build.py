@@ -87,7 +87,8 @@ class Build:
 
 @dataclasses.dataclass
 class Setup(Build):
-  """A `Build` with the run folder's vocabulary and checkpoint managers (`setup`): what training and evaluation use."""
+  """A `Build` with the run folder's vocabulary and checkpoint managers (`run/experiment.setup`): what training and
+  evaluation use."""
   workdir: str
   tokenizer: tokenizer_lib.Tokenizer
   checkpoints: checkpoints_lib.CheckpointManager

@@ -149,8 +149,8 @@ def check_train_step(setup, train_fn, data_config, shapes: Sequence[tuple[int, i
     setup: the `training.build.Build` (or `Setup`).
     train_fn: the jitted step training runs (`step.jit_train_step` for `setup.state_sharding()`).
     data_config: config.data (the batch fields).
-    shapes: the global [batch, length] shapes training will feed (`train_iterator.TrainIterator.shapes`, or
-      `[largest_batch_shape(...)]` for data not yet read); the longest (then the widest) is checked.
+    shapes: the global [batch, length] shapes training will feed, at least one (`train_iterator.TrainIterator.shapes`,
+      or `[largest_batch_shape(...)]` for data not yet read); the longest (then the widest) is checked.
 
   Returns:
     The sentence of `fits`, also logged.

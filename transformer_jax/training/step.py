@@ -115,7 +115,19 @@ def jit_train_step(setup: Build, state_sharding, label_smoothing: float):
 
 def eval_step(params: Any, batch: Batch, *, model: model_lib.Transformer,
               label_smoothing: float) -> dict[str, Array]:
-  """Teacher-forced validation metrics for one batch, as sums (see `losses.smoothed_cross_entropy`)."""
+  """Teacher-forced validation metrics for one batch, as sums: the training objective (§5.4) without dropout.
+
+  Args:
+    params: the parameters.
+    batch: int32 arrays `source_tokens` [batch, src_len], `decoder_input_tokens`, `target_tokens`
+      [batch, tgt_len] (0 = padding), and for packed batches `*_segment_ids` and `*_positions`.
+    model: the Transformer (static).
+    label_smoothing: ε_ls (static): the loss is the label-smoothed one training optimises.
+
+  Returns:
+    `losses.smoothed_cross_entropy`'s float32 sums over the batch's real target tokens: `loss_sum`, `nll_sum`,
+    `correct_sum`, `token_count` (divide after summing over batches and devices).
+  """
   logits = model.apply({'params': params}, batch['source_tokens'], batch['decoder_input_tokens'],
                        **state_lib.model_inputs(batch), deterministic=True)
   return losses.smoothed_cross_entropy(logits, batch['target_tokens'], losses.target_weights(batch), label_smoothing)
@@ -126,8 +138,12 @@ def jit_eval_step(setup: Build, params_sharding, label_smoothing: float):
 
   Args:
     setup: the Build or Setup (mesh, model).
-    params_sharding: the parameters' tree of NamedShardings.
+    params_sharding: the parameters' tree of NamedShardings (`Build.state_sharding().params`).
     label_smoothing: train.label_smoothing (the validation loss is the training objective's).
+
+  Returns:
+    eval_fn(params, batch) -> `eval_step`'s sums; batches are split over the data axes (`Build.batch_sharding`),
+    and it compiles once per batch shape.
   """
   return jax.jit(functools.partial(eval_step, model=setup.model, label_smoothing=label_smoothing),
                  in_shardings=(params_sharding, setup.batch_sharding))
