@@ -296,3 +296,13 @@ def test_multi30k_rows_differ_from_their_base_in_exactly_the_named_fields(row):
   model = config['model']
   if row.startswith('A'):  # Constant computation: h * d_k = h * d_v = d_model (§3.2.2).
     assert model['num_heads'] * model['d_k'] == model['num_heads'] * model['d_v'] == 256
+
+
+def test_train_perplexity_leaves_out_the_lines_logged_by_time(tmp_path):
+  # A loaded machine logs extra lines (train.log_every_secs, and 10 steps after a resume) between the 100-step
+  # ones; how many depends on the load, so only the lines at multiples of train.log_every_steps count.
+  fake_run(tmp_path / 'base', 'base', finished(9.0))
+  curve = [[step, 9.0 - step / 1000] for step in range(100, 2100, 100)]
+  curve += [[step, 1.0] for step in (1837, 1873, 1905, 1936, 1974, 424)]  # Low values: they would pull it down.
+  (tmp_path / 'base' / 'curves.json').write_text(json.dumps({'train/nll': sorted(curve)}))
+  assert report.train_perplexity(tmp_path / 'base') == pytest.approx(np.exp(np.mean([7.4, 7.3, 7.2, 7.1, 7.0])))

@@ -52,8 +52,10 @@ SEED_SUFFIX = '.seed'  # <row>.seed<k>: the row trained with seed k.
 # Figures averaged over a row's seeds; each also gets '<key>_std' (None below two values), '<key>_n' (how many
 # seeds have it) and '<key>_values' (per seed, in the order of 'seed_ids').
 SEED_METRICS = ('train_perplexity', 'dev_perplexity', 'dev_bleu', 'test_bleu', 'train_tflop')
-# Train perplexity: exp of the mean training nll per target token over the last this many progress lines (the
-# steps whose checkpoints are averaged, at the Multi30k table's 100-step logging), measured with dropout on.
+# Train perplexity: exp of the mean training nll per target token over the last this many progress lines at
+# multiples of train.log_every_steps (the steps whose checkpoints are averaged, at the Multi30k table's 100-step
+# logging), measured with dropout on. Lines logged by time (train.log_every_secs) or right after a resume cover
+# other spans, and how many there are depends on the machine's load: they are left out.
 TRAIN_PERPLEXITY_POINTS = 5
 
 # (column header, key of a row record).
@@ -102,21 +104,26 @@ def _read_json(path: pathlib.Path) -> dict | None:
 
 
 def train_perplexity(workdir: pathlib.Path) -> float | None:
-  """exp(mean 'train/nll') over the run's last TRAIN_PERPLEXITY_POINTS logged steps, or None without a curve.
+  """exp(mean 'train/nll') over the run's last TRAIN_PERPLEXITY_POINTS progress lines at multiples of its
+  train.log_every_steps (every line when its config does not say), or None without a curve.
 
   Read from the run's TensorBoard events, or else its `curves.json` (an archived run). It is measured on training
   batches with dropout on, so it sits above what the same parameters score without dropout: compare it across
   rows of one dropout rate, or its gap to dev perplexity, not its level with dev perplexity's (§5.4, over-fitting
   shows as a train perplexity that falls while dev perplexity does not).
   """
-  values = []
+  points = []  # (step, nll)
   if any(p.name.startswith('events.out.tfevents.') for p in workdir.iterdir()):  # Live (or rerun) first.
     from transformer_jax.tools import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for live runs)
     scalars = inspection.read_scalars(workdir)
-    values = list(scalars['train/nll'].values) if 'train/nll' in scalars else []
-  if not values:
-    values = [value for _, value in (_read_json(workdir / CURVES_FILE) or {}).get('train/nll', [])]
-  tail = values[-TRAIN_PERPLEXITY_POINTS:]
+    if 'train/nll' in scalars:
+      points = list(zip(scalars['train/nll'].steps, scalars['train/nll'].values))
+  if not points:
+    points = [(step, value) for step, value in (_read_json(workdir / CURVES_FILE) or {}).get('train/nll', [])]
+  every = ((_read_json(workdir / CONFIG_FILE) or {}).get('train') or {}).get('log_every_steps')
+  if isinstance(every, int) and every > 0:
+    points = [(step, value) for step, value in points if step % every == 0]
+  tail = [value for _, value in points[-TRAIN_PERPLEXITY_POINTS:]]
   return math.exp(statistics.fmean(tail)) if tail else None
 
 
