@@ -29,9 +29,6 @@ from transformer_jax.training import metrics as metrics_lib
 from transformer_jax.training.build import Build
 from transformer_jax.training.build import Setup
 
-Array = jax.Array
-Batch = dict[str, Array]
-
 
 def evaluate(eval_step_fn, params: Any, batches: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
   """Teacher-forced metrics over all batches, summed before dividing (padding rows weigh 0).

@@ -47,7 +47,6 @@ from transformer_jax.training.build import Setup
 from transformer_jax.training.state import TrainState
 
 Array = jax.Array
-Batch = dict[str, Array]
 _SUM_KEYS = ('loss_sum', 'nll_sum', 'correct_sum', 'token_count')
 # Steps of a (re)started loop before its first progress line; then every log_every_steps, and whenever
 # log_every_secs have passed since the last line.
