@@ -49,6 +49,10 @@ ROWS = {
     # The batched attention products in float32 (the main job has them in bf16 since 2026-12-02, a change checked
     # at 2,000 steps only): the same FLOPs, slower on CPUs without AMX.
     'fp32_attention': {'model.attention_product_dtype': 'float32'},
+    # Lowercased text, as the Multi30k literature trains (the WMT16 multimodal task's lowercased, normalised,
+    # tokenised release): SentencePiece's case-folding rule, so the 8,000 pieces cover lowercased words only and
+    # the output is lowercase. Only the literature's lowercased BLEU (lc-tok) is comparable; cased sacreBLEU is not.
+    'lowercase': {'data.tokenizer_normalization': 'nmt_nfkc_cf'},
 }
 NOTES = {
     'paper': 'configs/multi30k.py', 'modern': 'rotary positions (configs/multi30k_modern.py)',
@@ -56,6 +60,7 @@ NOTES = {
     'tiny': 'Wu et al. (2021) transformer-tiny, 12,400 steps', 'deep4': 'N=4, d_ff=512, 8,160 steps',
     'vocab10k': 'BPE 10,000, 7,480 steps', 'lr_high': 'peak learning rate 2.2e-3 (x sqrt 2)',
     'fp32_attention': 'attention products in float32',
+    'lowercase': 'lowercased text (case-folded vocabulary); compare lc-tok BLEU only',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
 
