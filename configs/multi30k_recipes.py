@@ -63,6 +63,7 @@ NOTES = {
     'lowercase': 'lowercased text (case-folded vocabulary); compare lc-tok BLEU only',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
+REFERENCE = 'paper'  # The row the report compares every candidate with (its Δ columns).
 
 
 def get_config(row: str | None = None) -> ml_collections.ConfigDict:

@@ -138,6 +138,24 @@ def test_seeds_are_averaged_and_rows_differ_from_base_with_an_interval(tmp_path)
   assert 'dev_bleu_std' in (tmp_path / 'table3.csv').read_text().splitlines()[0]
 
 
+def test_recipes_differ_from_the_rows_files_reference_row(tmp_path):
+  """configs/multi30k_recipes.py names 'paper' its REFERENCE: every candidate's difference is from it."""
+  from configs import multi30k_recipes  # pylint: disable=g-import-not-at-top
+  for seed, bleu in enumerate((40.0, 41.0, 42.0)):
+    run = tmp_path / ('paper' if seed == 0 else f'paper.seed{seed}')
+    run.mkdir()
+    (run / 'config.json').write_text(multi30k_recipes.get_config('paper').to_json())
+    (run / 'final_metrics.json').write_text(json.dumps(finished(5.1) | {'validation_bleu': bleu}))
+  (tmp_path / 'lr_high').mkdir()
+  (tmp_path / 'lr_high' / 'config.json').write_text(multi30k_recipes.get_config('lr_high').to_json())
+  (tmp_path / 'lr_high' / 'final_metrics.json').write_text(json.dumps(finished(5.0) | {'validation_bleu': 43.5}))
+  report.write_report(tmp_path, REPO_ROOT / 'configs' / 'multi30k_recipes.py')
+  records = {r['row']: r for r in json.loads((tmp_path / 'table3.json').read_text())['rows']}
+  assert records['lr_high']['dev_bleu_delta'] == pytest.approx(2.5)
+  assert records['lr_high']['dev_perplexity_delta'] == pytest.approx(-0.1)
+  assert records['paper']['dev_bleu_delta'] is None and records['modern']['dev_bleu_delta'] is None
+
+
 def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
   import tensorboardX  # pylint: disable=g-import-not-at-top
   runs = tmp_path / 'runs'
@@ -158,6 +176,14 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
   report.write_report(tmp_path / 'archive', ROWS_FILE)
   rows = lambda d: [r for r in json.loads((d / 'table3.json').read_text())['rows'] if r['status'] == 'finished']
   assert rows(runs) == rows(tmp_path / 'archive')  # The same lines from kilobytes.
+  # The curves print the same from the events and from the archive: a line per run, a column per step.
+  table = report.curve_table(tmp_path / 'archive', 'eval/perplexity')
+  assert table == report.curve_table(runs, 'eval/perplexity')
+  assert table.splitlines()[0].split('|')[2:4] == [' 250   ', ' 500   '] and '| base' in table
+  assert '| 60.00 ' in table and '| 20.00 ' in table and 'A1' not in table
+  assert '| 250' not in report.curve_table(runs, 'eval/perplexity', every=500)
+  with pytest.raises(ValueError, match="no run has the curve 'eval/bleu'"):
+    report.curve_table(runs, 'eval/bleu')
   # exp of the mean nll of the last five progress lines (3..7), from the events and from curves.json alike.
   assert rows(runs)[0]['train_perplexity'] == pytest.approx(np.exp(5.0))
   # Copied back into a sweep (a new machine) and archived again with the sweep's next run: curves kept.

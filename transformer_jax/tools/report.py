@@ -9,12 +9,14 @@ exit status in `sweep_status.json`), `unfinished` (it exists, but neither), or `
 that name no row are listed after the rows. Numbers come only from what each run wrote (`config.json`,
 `final_metrics.json`, and the training curve: `curves.json` where `archive` wrote one, else the TensorBoard
 events); nothing is recomputed. Writes `table3.md`, `table3.csv`, `table3.json` and `table3.png`
-(dev perplexity and BLEU per row) into DIR (or --output_dir) and prints the Markdown.
+(dev perplexity and BLEU per row) into DIR (or --output_dir) and prints the Markdown. With `--curve=eval/bleu`
+(and `--curve_every=1000`) it prints that curve of every run under DIR instead, live or archived (`curve_table`).
 
 Seeds: `<DIR>/<row>.seed<k>` holds the same row trained with another seed (`launch/sweep_table3.sh --seeds`:
 train.seed and data.shuffle_seed = k; `<DIR>/<row>` is seed 0). A row with several finished seeds shows their
 mean ± sample standard deviation (with the count where a figure exists for fewer of its seeds, e.g. a train
-perplexity from runs without a curve), and every row's difference from base with its 95% interval
+perplexity from runs without a curve), and every row's difference from the reference row (the rows file's
+REFERENCE, 'base' where it has none; configs/multi30k_recipes.py compares with 'paper') with its 95% interval
 (`findings.difference`: Welch's, or one run's standard deviation pooled within the rows that have seeds). A rows
 file's FINDINGS are tested by `findings.verdicts` (Holm-adjusted p-values, verdicts that need three seeds a side).
 
@@ -48,6 +50,9 @@ CONFIG_FILE = workdir_lib.CONFIG
 METRICS_FILE = workdir_lib.FINAL_METRICS
 SWEEP_STATUS_FILE = 'sweep_status.json'
 CURVES_FILE = 'curves.json'
+# What `archive` keeps of a run: what the report reads, and the curves that show how it got there.
+ARCHIVED_FILES = (CONFIG_FILE, METRICS_FILE, SWEEP_STATUS_FILE)
+ARCHIVED_CURVES = ('eval/perplexity', 'eval/nll', 'eval/bleu', 'train/nll', 'train/loss')
 SEED_SUFFIX = '.seed'  # <row>.seed<k>: the row trained with seed k.
 # Figures averaged over a row's seeds; each also gets '<key>_std' (None below two values), '<key>_n' (how many
 # seeds have it) and '<key>_values' (per seed, in the order of 'seed_ids').
@@ -103,6 +108,46 @@ def _read_json(path: pathlib.Path) -> dict | None:
     return None
 
 
+def run_curves(workdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+  """The run's curves {tag: [(step, value), ...]} of ARCHIVED_CURVES ('eval/bleu': greedy validation BLEU at
+  every train.eval_bleu_every_steps, 'eval/perplexity', 'train/nll', ...): from its TensorBoard events where they
+  hold any (a live run, or one rerun), else from its `curves.json` (an archived run); {} without either."""
+  if any(p.name.startswith('events.out.tfevents.') for p in workdir.iterdir()):
+    from transformer_jax.tools import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for live runs)
+    scalars = inspection.read_scalars(workdir)
+    curves = {tag: [(int(step), float(value)) for step, value in zip(*scalars[tag])]
+              for tag in ARCHIVED_CURVES if tag in scalars}
+    if curves:
+      return curves
+  return {tag: [(int(step), float(value)) for step, value in points]
+          for tag, points in (_read_json(workdir / CURVES_FILE) or {}).items()}
+
+
+def curve_table(directory: str | os.PathLike[str], tag: str, every: int = 0) -> str:
+  """A Markdown table of one curve for every run under `directory` that has it: a line per run (its workdir's
+  name), a column per step (only multiples of `every` when it is positive), values to 2 decimals.
+
+  Raises:
+    FileNotFoundError: if `directory` is not a directory.
+    ValueError: if no run under it has the curve `tag`.
+  """
+  directory = pathlib.Path(directory)
+  if not directory.is_dir():
+    raise FileNotFoundError(f'{directory} is not a directory of runs')
+  curves = {}
+  for run in sorted(p for p in directory.iterdir() if p.is_dir()):
+    points = {step: value for step, value in run_curves(run).get(tag, []) if every <= 0 or step % every == 0}
+    if points:
+      curves[run.name] = points
+  if not curves:
+    raise ValueError(f'{directory}: no run has the curve {tag!r} (tags: {", ".join(ARCHIVED_CURVES)})')
+  steps = sorted(set().union(*curves.values()))
+  rows = [[name] + [f'{points[step]:.2f}' if step in points else '–' for step in steps]
+          for name, points in curves.items()]
+  return tabulate.tabulate(rows, headers=[f'{tag} at step'] + [f'{step:,}' for step in steps], tablefmt='github',
+                           disable_numparse=True) + '\n'
+
+
 def train_perplexity(workdir: pathlib.Path) -> float | None:
   """exp(mean 'train/nll') over the run's last TRAIN_PERPLEXITY_POINTS progress lines at multiples of its
   train.log_every_steps (every line when its config does not say), or None without a curve.
@@ -112,14 +157,7 @@ def train_perplexity(workdir: pathlib.Path) -> float | None:
   rows of one dropout rate, or its gap to dev perplexity, not its level with dev perplexity's (§5.4, over-fitting
   shows as a train perplexity that falls while dev perplexity does not).
   """
-  points = []  # (step, nll)
-  if any(p.name.startswith('events.out.tfevents.') for p in workdir.iterdir()):  # Live (or rerun) first.
-    from transformer_jax.tools import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for live runs)
-    scalars = inspection.read_scalars(workdir)
-    if 'train/nll' in scalars:
-      points = list(zip(scalars['train/nll'].steps, scalars['train/nll'].values))
-  if not points:
-    points = [(step, value) for step, value in (_read_json(workdir / CURVES_FILE) or {}).get('train/nll', [])]
+  points = run_curves(workdir).get('train/nll', [])
   every = ((_read_json(workdir / CONFIG_FILE) or {}).get('train') or {}).get('log_every_steps')
   if isinstance(every, int) and every > 0:
     points = [(step, value) for step, value in points if step % every == 0]
@@ -230,8 +268,13 @@ def collect(directory: str | os.PathLike[str], rows_module) -> list[dict[str, An
                                [seed for seed, _ in seeds] or [0]))
   records += [merge_seeds([run_record(name, directory / name, '(not a row of the rows file)', None)])
               for name in names if name not in claimed]
-  findings_lib.row_differences(records)
+  findings_lib.row_differences(records, reference_row(rows_module))
   return records
+
+
+def reference_row(rows_module) -> str:
+  """The row every other row is compared with: the rows file's REFERENCE, or 'base'."""
+  return getattr(rows_module, 'REFERENCE', 'base')
 
 
 def rank_correlation(records: Sequence[dict[str, Any]], ours: str = 'dev_perplexity',
@@ -289,19 +332,20 @@ def to_csv(records: Sequence[dict[str, Any]]) -> str:
   return out.getvalue()
 
 
-def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], reference: str = 'base') -> None:
   """Two panels by row on one axis each: dev perplexity and dev BLEU, ours and the paper's each divided by its own
-  base row's (the corpora differ, so levels do not compare; relative changes do). Ours are means with error bars of
-  one standard deviation over seeds; the shaded band is base's ± the half-width of the 95% interval of a one-seed
-  row's difference from it (one run's standard deviation pooled within the rows that have seeds,
-  `findings.pooled`), so a one-seed row inside it does not differ from base at the 5% level (before any correction
-  for the many rows). Without a base row (ours or the paper's) that side is not drawn."""
+  reference row's (`reference`: base in Table 3; the corpora differ, so levels do not compare; relative changes
+  do), called base below. Ours are means with error bars of one standard deviation over seeds; the shaded band
+  is base's ± the half-width of the 95% interval of a one-seed row's difference from it (one run's standard
+  deviation pooled within the rows that have seeds, `findings.pooled`), so a one-seed row inside it does not
+  differ from base at the 5% level (before any correction for the many rows). Without a base row (ours or the
+  paper's) that side is not drawn."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   rows = [r for r in records if r['dev_perplexity'] is not None or r['paper_ppl_dev'] is not None]
   positions = list(range(len(rows)))
-  base = next((r for r in rows if r['row'] == 'base'), None)
+  base = next((r for r in rows if r['row'] == reference), None)
   figure, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(rows)), 7.0), sharex=True)
   panels = (('dev_perplexity', 'paper_ppl_dev', 'dev perplexity'), ('dev_bleu', 'paper_bleu_dev', 'dev BLEU'))
   for axis, (ours, paper, label) in zip(axes, panels):
@@ -315,19 +359,19 @@ def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -
       if df >= 1:
         half = scipy.stats.t.ppf(0.975, df) * sigma * math.sqrt(1 + 1 / max(base.get(f'{ours}_n') or 1, 1))
         axis.axhspan(1 - half / ours_base, 1 + half / ours_base, color='tab:blue', alpha=0.12,
-                     label="our base ± 95% interval of a one-seed row's difference")
+                     label=f"our {reference} row ± 95% interval of a one-seed row's difference")
     paper_base = base[paper] if base is not None else None
     if paper_base:
       known = [(p, r) for p, r in zip(positions, rows) if r[paper] is not None]
       axis.plot([p for p, _ in known], [r[paper] / paper_base for _, r in known], 'D', color='tab:orange',
                 label='paper (newstest2013)')
     axis.axhline(1.0, color='grey', linewidth=0.8)
-    axis.set_ylabel(f"{label} / base's")
+    axis.set_ylabel(f"{label} / {reference}'s")
     if axis is axes[0]:
       axis.legend(loc='lower left', bbox_to_anchor=(0.0, 1.02), ncol=2, fontsize='small', frameon=False)
   axes[1].set_xticks(positions, [r['row'] for r in rows], rotation=90)
   figure.tight_layout()
-  figure.savefig(path, dpi=120)
+  figure.savefig(path, dpi=120, bbox_inches='tight')
   plt.close(figure)
 
 
@@ -367,12 +411,9 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   (output / 'table3.json').write_text(json.dumps(
       {'rows': records, 'verdicts': results, 'families': findings_lib.family_summary(results),
        'rank_correlations': correlations}, indent=2, ensure_ascii=False), encoding='utf-8')
-  plot_rows(records, output / 'table3.png')
+  plot_rows(records, output / 'table3.png', reference_row(rows_module))
   return text
 
-# What `archive` keeps of a run: what the report reads, and the curves that show how it got there.
-ARCHIVED_FILES = (CONFIG_FILE, METRICS_FILE, SWEEP_STATUS_FILE)
-ARCHIVED_CURVES = ('eval/perplexity', 'eval/nll', 'eval/bleu', 'train/nll', 'train/loss')
 
 
 def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[str]) -> list[str]:
@@ -391,14 +432,8 @@ def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[st
     ValueError: naming every finished run without a training curve ('train/nll') or a validation curve
       ('eval/perplexity'); nothing is written then.
   """
-  from transformer_jax.tools import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for archiving)
-  runs = {}
-  for run in sorted(p for p in pathlib.Path(directory).iterdir() if (p / METRICS_FILE).is_file()):
-    scalars = inspection.read_scalars(run)
-    curves = {tag: [[int(s), float(v)] for s, v in zip(*scalars[tag])] for tag in ARCHIVED_CURVES if tag in scalars}
-    if not curves:  # An archived run copied back (no events): its curves as they are.
-      curves = _read_json(run / CURVES_FILE) or {}
-    runs[run] = curves
+  runs = {run: run_curves(run) for run in sorted(p for p in pathlib.Path(directory).iterdir()
+                                                 if (p / METRICS_FILE).is_file())}
   empty = [run.name for run, curves in runs.items() if not curves.get('train/nll') or not curves.get('eval/perplexity')]
   if empty:
     raise ValueError(f'{directory}: no training or validation curve (TensorBoard events or {CURVES_FILE}) in '
@@ -418,17 +453,27 @@ _ROWS = flags.DEFINE_string('rows', str(_DEFAULT_ROWS), 'The rows file: configs/
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where to write the report files; default: DIR.')
 _ARCHIVE = flags.DEFINE_string('archive', None, "Also copy every run's record (config, final metrics, curves; no "
                                'checkpoints) into this folder, e.g. to commit a sweep in progress (`archive`).')
+_CURVE = flags.DEFINE_string('curve', None, 'Instead of the report, print this curve of every run under DIR as a '
+                             "table (`curve_table`), e.g. 'eval/bleu' (greedy validation BLEU) or 'eval/perplexity'.")
+_CURVE_EVERY = flags.DEFINE_integer('curve_every', 0, "With --curve: only the steps that are multiples of this.")
 
 
 def main(argv: Sequence[str]) -> None:
-  """`python -m transformer_jax.report DIR`: writes the report files and prints the Markdown table.
+  """`python -m transformer_jax.report DIR`: writes the report files and prints the Markdown table (with --curve,
+  prints that curve of every run instead and writes nothing).
 
   Raises:
     app.UsageError: unless exactly one DIR is given.
   """
   if len(argv) != 2:
     raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR] '
-                         '[--archive=DIR]')
+                         '[--archive=DIR] [--curve=TAG [--curve_every=STEPS]]')
+  if _CURVE.value:
+    try:
+      print(curve_table(argv[1], _CURVE.value, _CURVE_EVERY.value), end='')
+    except (OSError, ValueError) as e:
+      raise app.UsageError(str(e)) from e
+    return
   if _ARCHIVE.value:
     try:
       archive(argv[1], _ARCHIVE.value)
