@@ -223,8 +223,8 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
     if train_fn._cache_size() != compiled:  # pylint: disable=protected-access
       seconds = time.perf_counter() - start  # The call returned once compiled (the step runs asynchronously).
       timeline.add('compile', seconds)
-      logging.info('Compiled the train step for batch shape %s in %.1f s.', list(batch['source_tokens'].shape),
-                   seconds)
+      logging.info('Train step ready for batch shape %s in %.1f s (compiled, or read from the compilation '
+                   'cache).', list(batch['source_tokens'].shape), seconds)
     progress.update(step, metrics, batch)
     last, stopping = step == cfg.num_train_steps, stop.requested(step)
     if last or stopping or step % cfg.checkpoint_every_steps == 0:
