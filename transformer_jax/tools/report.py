@@ -415,7 +415,6 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   return text
 
 
-
 def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[str]) -> list[str]:
   """Copies each finished run's record under `directory` into `archive_dir/<run>/`: the files the report reads
   and a `curves.json` ({tag: [[step, value], ...]}) of its TensorBoard curves, kilobytes per run instead of its
