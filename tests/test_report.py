@@ -168,7 +168,13 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
     writer.add_scalar('train/nll', step / 100, step)
   writer.close()
   (runs / 'base' / 'checkpoints' / '500').mkdir(parents=True)
+  sweep = runs / 'base' / 'evaluations' / '20261205-051359'  # A --mode=tune_decoding's record, and its hypotheses.
+  sweep.mkdir(parents=True)
+  (sweep / 'decoding_sweep.json').write_text('{"rows": []}')
+  (sweep / 'validation.hyp.de').write_text('Ein Hund.\n')
   assert report.archive(runs, tmp_path / 'archive') == ['base']  # A1 could not resume without checkpoints.
+  archived_sweep = tmp_path / 'archive' / 'base' / 'evaluations' / '20261205-051359'
+  assert sorted(p.name for p in archived_sweep.iterdir()) == ['decoding_sweep.json']
   curves = json.loads((tmp_path / 'archive' / 'base' / 'curves.json').read_text())
   assert curves['eval/perplexity'] == [[250, 60.0], [500, 20.0]] and len(curves['train/nll']) == 7
   assert not (tmp_path / 'archive' / 'base' / 'checkpoints').exists()

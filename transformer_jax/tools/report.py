@@ -53,6 +53,8 @@ CURVES_FILE = 'curves.json'
 # What `archive` keeps of a run: what the report reads, and the curves that show how it got there.
 ARCHIVED_FILES = (CONFIG_FILE, METRICS_FILE, SWEEP_STATUS_FILE)
 ARCHIVED_CURVES = ('eval/perplexity', 'eval/nll', 'eval/bleu', 'train/nll', 'train/loss')
+# And of each `evaluations/<time>/` (a later --mode=evaluate or --mode=tune_decoding): these JSON records.
+ARCHIVED_EVALUATION_FILES = (METRICS_FILE, 'decoding_sweep.json')
 SEED_SUFFIX = '.seed'  # <row>.seed<k>: the row trained with seed k.
 # Figures averaged over a row's seeds; each also gets '<key>_std' (None below two values), '<key>_n' (how many
 # seeds have it) and '<key>_values' (per seed, in the order of 'seed_ids').
@@ -416,11 +418,12 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
 
 
 def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[str]) -> list[str]:
-  """Copies each finished run's record under `directory` into `archive_dir/<run>/`: the files the report reads
-  and a `curves.json` ({tag: [[step, value], ...]}) of its TensorBoard curves, kilobytes per run instead of its
-  checkpoints. A report of `archive_dir` gives the same lines for those runs; copied back into a sweep's
-  directory, they are skipped (`launch/sweep_table3.sh` resumes from `final_metrics.json`), and archived again
-  they keep their `curves.json` (they have no events to read it from). Unfinished runs are left out: without
+  """Copies each finished run's record under `directory` into `archive_dir/<run>/`: the files the report reads,
+  a `curves.json` ({tag: [[step, value], ...]}) of its TensorBoard curves, and the JSON records of its later
+  evaluations and decoding sweeps (`evaluations/<time>/`), kilobytes per run instead of its checkpoints. A report
+  of `archive_dir` gives the same lines for those runs; copied back into a sweep's directory, they are skipped
+  (`launch/sweep_table3.sh` resumes from `final_metrics.json`), and archived again they keep their `curves.json`
+  (they have no events to read it from). Unfinished runs are left out: without
   their checkpoints they could not resume. Every run must have its curves: a figure the report or its doc quotes
   (train perplexity, a curve's shape) has to be recomputable from the archive.
 
@@ -443,6 +446,11 @@ def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[st
     for name in ARCHIVED_FILES:
       if (run / name).is_file():
         (target / name).write_bytes((run / name).read_bytes())
+    for evaluation in sorted((run / workdir_lib.EVALUATIONS).glob('*/')):
+      for name in ARCHIVED_EVALUATION_FILES:
+        if (evaluation / name).is_file():
+          (target / workdir_lib.EVALUATIONS / evaluation.name).mkdir(parents=True, exist_ok=True)
+          (target / workdir_lib.EVALUATIONS / evaluation.name / name).write_bytes((evaluation / name).read_bytes())
     (target / CURVES_FILE).write_text(json.dumps(curves), encoding='utf-8')
   return [run.name for run in runs]
 
