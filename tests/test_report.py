@@ -154,6 +154,12 @@ def test_recipes_differ_from_the_rows_files_reference_row(tmp_path):
   assert records['lr_high']['dev_bleu_delta'] == pytest.approx(2.5)
   assert records['lr_high']['dev_perplexity_delta'] == pytest.approx(-0.1)
   assert records['paper']['dev_bleu_delta'] is None and records['modern']['dev_bleu_delta'] is None
+  assert 'Δ: the row minus paper' in (tmp_path / 'table3.md').read_text()
+  rows_file = tmp_path / 'configs' / 'typo.py'  # A REFERENCE that names no row is refused, not ignored.
+  rows_file.parent.mkdir()
+  rows_file.write_text("ROWS = {'base': {}, 'A1': {}}\nNOTES = {}\nPAPER = {}\nREFERENCE = 'bsae'\n")
+  with pytest.raises(ValueError, match=r"REFERENCE = 'bsae' is not one of its ROWS \(base, A1\)"):
+    report.load_rows_module(rows_file)
 
 
 def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
@@ -168,13 +174,18 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
     writer.add_scalar('train/nll', step / 100, step)
   writer.close()
   (runs / 'base' / 'checkpoints' / '500').mkdir(parents=True)
-  sweep = runs / 'base' / 'evaluations' / '20261205-051359'  # A --mode=tune_decoding's record, and its hypotheses.
-  sweep.mkdir(parents=True)
-  (sweep / 'decoding_sweep.json').write_text('{"rows": []}')
-  (sweep / 'validation.hyp.de').write_text('Ein Hund.\n')
+  evaluations = runs / 'base' / 'evaluations'
+  for name, record in (('20261205-051359', 'decoding_sweep.json'), ('20261205-060000', 'final_metrics.json'),
+                       ('20261205-070000', None)):  # A --mode=tune_decoding, a --mode=evaluate, one interrupted.
+    (evaluations / name).mkdir(parents=True)
+    (evaluations / name / 'validation.hyp.de').write_text('Ein Hund.\n')  # Hypotheses stay behind.
+    if record:
+      (evaluations / name / record).write_text('{"rows": []}')
   assert report.archive(runs, tmp_path / 'archive') == ['base']  # A1 could not resume without checkpoints.
-  archived_sweep = tmp_path / 'archive' / 'base' / 'evaluations' / '20261205-051359'
-  assert sorted(p.name for p in archived_sweep.iterdir()) == ['decoding_sweep.json']
+  archived = tmp_path / 'archive' / 'base' / 'evaluations'
+  assert sorted(str(p.relative_to(archived)) for p in archived.rglob('*')) == [
+      '20261205-051359', '20261205-051359/decoding_sweep.json', '20261205-060000',
+      '20261205-060000/final_metrics.json']
   curves = json.loads((tmp_path / 'archive' / 'base' / 'curves.json').read_text())
   assert curves['eval/perplexity'] == [[250, 60.0], [500, 20.0]] and len(curves['train/nll']) == 7
   assert not (tmp_path / 'archive' / 'base' / 'checkpoints').exists()
@@ -185,11 +196,18 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
   # The curves print the same from the events and from the archive: a line per run, a column per step.
   table = report.curve_table(tmp_path / 'archive', 'eval/perplexity')
   assert table == report.curve_table(runs, 'eval/perplexity')
-  assert table.splitlines()[0].split('|')[2:4] == [' 250   ', ' 500   '] and '| base' in table
-  assert '| 60.00 ' in table and '| 20.00 ' in table and 'A1' not in table
-  assert '| 250' not in report.curve_table(runs, 'eval/perplexity', every=500)
+  (tmp_path / 'archive' / 'C1').mkdir()  # A second run evaluated at other steps: '–' where it has none.
+  (tmp_path / 'archive' / 'C1' / 'curves.json').write_text(json.dumps({'eval/perplexity': [[500, 30.0], [750, 25.0]]}))
+  cells = lambda line: [cell.strip() for cell in line.split('|')[1:-1]]
+  lines = report.curve_table(tmp_path / 'archive', 'eval/perplexity').splitlines()
+  assert [cells(line) for line in lines if not line.startswith('|-')] == [
+      ['eval/perplexity at step', '250', '500', '750'], ['C1', '–', '30.00', '25.00'],
+      ['base', '60.00', '20.00', '–']]
+  assert cells(report.curve_table(tmp_path / 'archive', 'eval/perplexity', every=500).splitlines()[0])[1:] == ['500']
   with pytest.raises(ValueError, match="no run has the curve 'eval/bleu'"):
     report.curve_table(runs, 'eval/bleu')
+  with pytest.raises(ValueError, match='at a multiple of --curve_every=1000'):
+    report.curve_table(runs, 'eval/perplexity', every=1000)
   # exp of the mean nll of the last five progress lines (3..7), from the events and from curves.json alike.
   assert rows(runs)[0]['train_perplexity'] == pytest.approx(np.exp(5.0))
   # Copied back into a sweep (a new machine) and archived again with the sweep's next run: curves kept.
@@ -203,6 +221,18 @@ def test_archive_keeps_what_the_report_reads_and_the_curves(tmp_path):
   # A run with events and a stale copied-back curves.json (rerun in place): the events count.
   (runs / 'base' / 'curves.json').write_text(json.dumps({'train/nll': [[700, 100.0]]}))
   assert report.train_perplexity(runs / 'base') == pytest.approx(np.exp(5.0))
+  # Events without a tag that curves.json has (an archived run copied back and evaluated): curves.json's counts.
+  (runs / 'base' / 'curves.json').write_text(json.dumps({'train/nll': [[700, 4.0]], 'eval/perplexity': [[1, 9.0]]}))
+  for event_file in (runs / 'base').glob('events.out.tfevents.*'):
+    event_file.unlink()
+  writer = tensorboardX.SummaryWriter(str(runs / 'base'))
+  writer.add_scalar('eval/perplexity', 7.0, 800)
+  writer.close()
+  assert report.train_perplexity(runs / 'base') == pytest.approx(np.exp(4.0))
+  assert report.run_curves(runs / 'base')['eval/perplexity'] == [(800, 7.0)]
+  (runs / 'base' / 'curves.json').write_text('[1, 2]')
+  with pytest.raises(ValueError, match=r'curves.json: not a curves file'):
+    report.run_curves(runs / 'base')
 
 
 def test_archive_refuses_runs_without_curves(tmp_path):

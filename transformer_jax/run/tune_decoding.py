@@ -27,8 +27,9 @@ from transformer_jax.evaluation import evaluate
 from transformer_jax.evaluation import selection
 from transformer_jax.run import evaluate as evaluate_mode
 from transformer_jax.run import experiment
+from transformer_jax.storage import workdir as workdir_lib
 
-SWEEP_FILE = 'decoding_sweep.json'
+SWEEP_FILE = workdir_lib.DECODING_SWEEP
 
 
 def check_grid(beam_sizes: Sequence[int], alphas: Sequence[float]) -> None:

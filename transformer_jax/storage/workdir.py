@@ -42,6 +42,7 @@ UNUSABLE_CHECKPOINTS = 'unusable_checkpoints'
 FINAL_METRICS = 'final_metrics.json'
 COMPILE_REPORT = 'compile.json'
 EVALUATIONS = 'evaluations'
+DECODING_SWEEP = 'decoding_sweep.json'  # --mode=tune_decoding's record, in evaluations/<time>/.
 LOCK = 'run.lock'
 VOCABULARY_HASH = 'vocabulary.sha256'  # The SHA-256 of the vocabulary the run trained with.
 

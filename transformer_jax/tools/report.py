@@ -54,7 +54,7 @@ CURVES_FILE = 'curves.json'
 ARCHIVED_FILES = (CONFIG_FILE, METRICS_FILE, SWEEP_STATUS_FILE)
 ARCHIVED_CURVES = ('eval/perplexity', 'eval/nll', 'eval/bleu', 'train/nll', 'train/loss')
 # And of each `evaluations/<time>/` (a later --mode=evaluate or --mode=tune_decoding): these JSON records.
-ARCHIVED_EVALUATION_FILES = (METRICS_FILE, 'decoding_sweep.json')
+ARCHIVED_EVALUATION_FILES = (METRICS_FILE, workdir_lib.DECODING_SWEEP)
 SEED_SUFFIX = '.seed'  # <row>.seed<k>: the row trained with seed k.
 # Figures averaged over a row's seeds; each also gets '<key>_std' (None below two values), '<key>_n' (how many
 # seeds have it) and '<key>_values' (per seed, in the order of 'seed_ids').
@@ -81,11 +81,12 @@ CSV_KEYS = ([key for _, key in COLUMNS] + [f'{key}_std' for key in SEED_METRICS]
 
 
 def load_rows_module(path: str | os.PathLike[str]):
-  """Imports a Table 3 rows file (configs/table3*.py) by path; it needs ROWS, NOTES and PAPER.
+  """Imports a Table 3 rows file (configs/table3*.py) by path; it needs ROWS, NOTES and PAPER, and may name
+  REFERENCE, the row the others are compared with ('base' where it does not).
 
   Raises:
     FileNotFoundError: if the file does not exist.
-    ValueError: if it lacks ROWS, NOTES or PAPER.
+    ValueError: if it lacks ROWS, NOTES or PAPER, or names a REFERENCE that is not one of its ROWS.
   """
   path = pathlib.Path(path).resolve()
   if not path.is_file():
@@ -99,6 +100,9 @@ def load_rows_module(path: str | os.PathLike[str]):
   missing = [name for name in ('ROWS', 'NOTES', 'PAPER') if not hasattr(module, name)]
   if missing:
     raise ValueError(f'--rows: {path} defines no {", ".join(missing)}')
+  if reference_row(module) not in module.ROWS:
+    raise ValueError(f'--rows: {path}: REFERENCE = {reference_row(module)!r} is not one of its ROWS '
+                     f'({", ".join(module.ROWS)})')
   return module
 
 
@@ -111,38 +115,52 @@ def _read_json(path: pathlib.Path) -> dict | None:
 
 
 def run_curves(workdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
-  """The run's curves {tag: [(step, value), ...]} of ARCHIVED_CURVES ('eval/bleu': greedy validation BLEU at
-  every train.eval_bleu_every_steps, 'eval/perplexity', 'train/nll', ...): from its TensorBoard events where they
-  hold any (a live run, or one rerun), else from its `curves.json` (an archived run); {} without either."""
+  """The run's curves of ARCHIVED_CURVES, {tag: [(training step, value), ...]}, each value in its tag's unit
+  ('eval/bleu': validation BLEU 0-100 at eval.bleu_beam_size, every train.eval_bleu_every_steps; 'eval/perplexity';
+  'train/nll': nats per target token, ...). Read from its `curves.json` (an archived run), with every tag its
+  TensorBoard events hold read from them instead (a live run, or one copied back and trained on); {} without
+  either.
+
+  Raises:
+    ValueError: naming a `curves.json` that is not {tag: [[step, value], ...]}, or an event file's damaged record.
+  """
+  path = workdir / CURVES_FILE
+  curves = {}
+  try:
+    curves = {tag: [(int(step), float(value)) for step, value in points]
+              for tag, points in (_read_json(path) or {}).items()}
+  except (AttributeError, TypeError, ValueError) as e:
+    raise ValueError(f'{path}: not a curves file ({{tag: [[step, value], ...]}}): {e}') from e
   if any(p.name.startswith('events.out.tfevents.') for p in workdir.iterdir()):
     from transformer_jax.tools import inspection  # pylint: disable=g-import-not-at-top  (JAX: only for live runs)
     scalars = inspection.read_scalars(workdir)
-    curves = {tag: [(int(step), float(value)) for step, value in zip(*scalars[tag])]
-              for tag in ARCHIVED_CURVES if tag in scalars}
-    if curves:
-      return curves
-  return {tag: [(int(step), float(value)) for step, value in points]
-          for tag, points in (_read_json(workdir / CURVES_FILE) or {}).items()}
+    curves |= {tag: [(int(step), float(value)) for step, value in zip(*scalars[tag])]
+               for tag in ARCHIVED_CURVES if tag in scalars}
+  return curves
 
 
 def curve_table(directory: str | os.PathLike[str], tag: str, every: int = 0) -> str:
-  """A Markdown table of one curve for every run under `directory` that has it: a line per run (its workdir's
-  name), a column per step (only multiples of `every` when it is positive), values to 2 decimals.
+  """A Markdown table of one curve (a tag of ARCHIVED_CURVES) for every run under `directory` that has it: a line
+  per run (its workdir's name), a column per step of any run (only multiples of `every` when it is positive; '–'
+  where a run has no value), values to 2 decimals.
 
   Raises:
     FileNotFoundError: if `directory` is not a directory.
-    ValueError: if no run under it has the curve `tag`.
+    ValueError: for a negative `every`, if no run under it has the curve `tag`, or none has it at a multiple of
+      `every`; and as `run_curves`.
   """
   directory = pathlib.Path(directory)
   if not directory.is_dir():
     raise FileNotFoundError(f'{directory} is not a directory of runs')
-  curves = {}
-  for run in sorted(p for p in directory.iterdir() if p.is_dir()):
-    points = {step: value for step, value in run_curves(run).get(tag, []) if every <= 0 or step % every == 0}
-    if points:
-      curves[run.name] = points
-  if not curves:
+  if every < 0:
+    raise ValueError(f'--curve_every={every}: a number of steps, 0 for every step')
+  found = {run.name: run_curves(run).get(tag, []) for run in sorted(p for p in directory.iterdir() if p.is_dir())}
+  if not any(found.values()):
     raise ValueError(f'{directory}: no run has the curve {tag!r} (tags: {", ".join(ARCHIVED_CURVES)})')
+  curves = {name: kept for name, points in found.items()
+            if (kept := {step: value for step, value in points if every == 0 or step % every == 0})}
+  if not curves:
+    raise ValueError(f'{directory}: no run has the curve {tag!r} at a multiple of --curve_every={every}')
   steps = sorted(set().union(*curves.values()))
   rows = [[name] + [f'{points[step]:.2f}' if step in points else '–' for step in steps]
           for name, points in curves.items()]
@@ -275,7 +293,7 @@ def collect(directory: str | os.PathLike[str], rows_module) -> list[dict[str, An
 
 
 def reference_row(rows_module) -> str:
-  """The row every other row is compared with: the rows file's REFERENCE, or 'base'."""
+  """Returns the name of the row every other row is compared with: the rows file's REFERENCE, or 'base'."""
   return getattr(rows_module, 'REFERENCE', 'base')
 
 
@@ -316,12 +334,13 @@ def _correlation_line(records: Sequence[dict[str, Any]], what: str, ours: str, p
   return f"Spearman rank correlation of {what} with the paper's: {rho:.2f} over {count} rows (p = {p:.3f}{interval})."
 
 
-def markdown(records: Sequence[dict[str, Any]]) -> str:
+def markdown(records: Sequence[dict[str, Any]], reference: str = 'base') -> str:
   """Table 3's layout as a GitHub Markdown table (means ± standard deviations over seeds; each row's difference
-  from base with its 95% interval), then the rank-correlation lines."""
+  from the `reference` row, `reference_row`, with its 95% interval), then the rank-correlation lines."""
   table = tabulate.tabulate([[_record_cell(r, key) for _, key in COLUMNS] for r in records],
                             headers=[header for header, _ in COLUMNS], tablefmt='github', disable_numparse=True)
-  return (f'{table}\n\n{_correlation_line(records, "dev perplexity", "dev_perplexity", "paper_ppl_dev")}\n'
+  return (f'{table}\n\nΔ: the row minus {reference}, with the 95% interval of the difference.\n'
+          f'{_correlation_line(records, "dev perplexity", "dev_perplexity", "paper_ppl_dev")}\n'
           f'{_correlation_line(records, "dev BLEU", "dev_bleu", "paper_bleu_dev")}\n')
 
 
@@ -393,7 +412,7 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   records = collect(directory, rows_module)
   output = pathlib.Path(output_dir or directory)
   output.mkdir(parents=True, exist_ok=True)
-  text = markdown(records)
+  text = markdown(records, reference_row(rows_module))
   results = findings_lib.verdicts(records, getattr(rows_module, 'FINDINGS', ()),
                                   getattr(rows_module, 'EQUIVALENCE_MARGINS', None))
   if results:
@@ -461,7 +480,8 @@ _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where to write the report
 _ARCHIVE = flags.DEFINE_string('archive', None, "Also copy every run's record (config, final metrics, curves; no "
                                'checkpoints) into this folder, e.g. to commit a sweep in progress (`archive`).')
 _CURVE = flags.DEFINE_string('curve', None, 'Instead of the report, print this curve of every run under DIR as a '
-                             "table (`curve_table`), e.g. 'eval/bleu' (greedy validation BLEU) or 'eval/perplexity'.")
+                             "table (`curve_table`), e.g. 'eval/bleu' (validation BLEU at eval.bleu_beam_size: "
+                             "greedy in the Multi30k configs) or 'eval/perplexity'.")
 _CURVE_EVERY = flags.DEFINE_integer('curve_every', 0, "With --curve: only the steps that are multiples of this.")
 
 
@@ -470,11 +490,16 @@ def main(argv: Sequence[str]) -> None:
   prints that curve of every run instead and writes nothing).
 
   Raises:
-    app.UsageError: unless exactly one DIR is given.
+    app.UsageError: unless exactly one DIR is given; for --curve_every without --curve, or --curve with
+      --archive or --output_dir; and for what `archive` or `curve_table` refuses.
   """
   if len(argv) != 2:
     raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR] '
                          '[--archive=DIR] [--curve=TAG [--curve_every=STEPS]]')
+  if not _CURVE.value and _CURVE_EVERY.value:
+    raise app.UsageError('--curve_every needs --curve')
+  if _CURVE.value and (_ARCHIVE.value or _OUTPUT_DIR.value):
+    raise app.UsageError('--curve prints a table and writes nothing: leave out --archive and --output_dir')
   if _CURVE.value:
     try:
       print(curve_table(argv[1], _CURVE.value, _CURVE_EVERY.value), end='')
