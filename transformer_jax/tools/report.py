@@ -100,8 +100,8 @@ def load_rows_module(path: str | os.PathLike[str]):
   missing = [name for name in ('ROWS', 'NOTES', 'PAPER') if not hasattr(module, name)]
   if missing:
     raise ValueError(f'--rows: {path} defines no {", ".join(missing)}')
-  if reference_row(module) not in module.ROWS:
-    raise ValueError(f'--rows: {path}: REFERENCE = {reference_row(module)!r} is not one of its ROWS '
+  if (reference := reference_row(module)) not in module.ROWS:
+    raise ValueError(f'--rows: {path}: REFERENCE = {reference!r} is not one of its ROWS '
                      f'({", ".join(module.ROWS)})')
   return module
 
@@ -412,7 +412,8 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   records = collect(directory, rows_module)
   output = pathlib.Path(output_dir or directory)
   output.mkdir(parents=True, exist_ok=True)
-  text = markdown(records, reference_row(rows_module))
+  reference = reference_row(rows_module)
+  text = markdown(records, reference)
   results = findings_lib.verdicts(records, getattr(rows_module, 'FINDINGS', ()),
                                   getattr(rows_module, 'EQUIVALENCE_MARGINS', None))
   if results:
@@ -432,7 +433,7 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   (output / 'table3.json').write_text(json.dumps(
       {'rows': records, 'verdicts': results, 'families': findings_lib.family_summary(results),
        'rank_correlations': correlations}, indent=2, ensure_ascii=False), encoding='utf-8')
-  plot_rows(records, output / 'table3.png', reference_row(rows_module))
+  plot_rows(records, output / 'table3.png', reference)
   return text
 
 
@@ -462,14 +463,13 @@ def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[st
   for run, curves in runs.items():
     target = pathlib.Path(archive_dir) / run.name
     target.mkdir(parents=True, exist_ok=True)
-    for name in ARCHIVED_FILES:
+    kept = [pathlib.Path(name) for name in ARCHIVED_FILES] + [
+        evaluation.relative_to(run) / name for evaluation in sorted((run / workdir_lib.EVALUATIONS).glob('*/'))
+        for name in ARCHIVED_EVALUATION_FILES]
+    for name in kept:
       if (run / name).is_file():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
         (target / name).write_bytes((run / name).read_bytes())
-    for evaluation in sorted((run / workdir_lib.EVALUATIONS).glob('*/')):
-      for name in ARCHIVED_EVALUATION_FILES:
-        if (evaluation / name).is_file():
-          (target / workdir_lib.EVALUATIONS / evaluation.name).mkdir(parents=True, exist_ok=True)
-          (target / workdir_lib.EVALUATIONS / evaluation.name / name).write_bytes((evaluation / name).read_bytes())
     (target / CURVES_FILE).write_text(json.dumps(curves), encoding='utf-8')
   return [run.name for run in runs]
 
