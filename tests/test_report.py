@@ -291,6 +291,27 @@ def test_findings_get_an_interval_a_holm_p_and_a_verdict_that_needs_three_seeds(
   assert 'The findings, tested' in text and '| A (§6.2) ' in text and 'false positives are expected' in text
 
 
+def test_compare_to_lists_the_verdicts_that_changed_since_an_earlier_report(tmp_path):
+  runs, earlier = tmp_path / 'runs', tmp_path / 'round1'
+  for name, bleu in (('base', 31.0), ('A1', 25.0)):
+    fake_run(runs / name, name, finished(9.0) | {'validation_bleu': bleu})
+  report.write_report(runs, ROWS_FILE, earlier)  # One seed a side: every verdict inconclusive or not run.
+  for seed in (1, 2):  # Two more seeds of base and A1: 'one head is worse' now holds.
+    fake_run(runs / f'base.seed{seed}', 'base', finished(9.0 + seed / 10) | {'validation_bleu': 31.0 + seed / 2})
+    fake_run(runs / f'A1.seed{seed}', 'A1', finished(9.5) | {'validation_bleu': 25.0 + seed / 2})
+  text = report.write_report(runs, ROWS_FILE, compare_to=earlier / 'table3.json')
+  changes = json.loads((runs / 'table3.json').read_text())['changes']
+  changed = {(c['row'], c['metric']): c for c in changes if c['changed']}
+  assert changed[('A1', 'dev_bleu')]['before'].startswith('inconclusive')
+  assert changed[('A1', 'dev_bleu')]['after'] == 'holds'
+  assert all(c['before'] is not None for c in changes)  # The same rows file: every check was in round 1.
+  assert f'{len(changed)} of {len(changes)} verdicts differ from {earlier / "table3.json"}:' in text
+  assert '| A ' in text.split('verdicts differ from')[1]
+  (tmp_path / 'not_a_report.json').write_text('{"rows": []}')
+  with pytest.raises(ValueError, match='not_a_report.json: no list of verdicts'):
+    report.write_report(runs, ROWS_FILE, compare_to=tmp_path / 'not_a_report.json')
+
+
 def test_findings_name_rows_of_the_table():
   for finding in table3_multi30k.FINDINGS:
     for _, row, references, metric, expected in finding['checks']:

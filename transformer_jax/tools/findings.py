@@ -208,6 +208,35 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
   return table + '\n\n' + '\n'.join(lines) + '\n'
 
 
+def _check_key(result: dict[str, Any]) -> tuple[str, str, str, str]:
+  return result['finding'], result['claim'], result['row'], result['metric']
+
+
+def verdict_changes(earlier: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Each check of `results` beside its verdict in `earlier` (an earlier report's 'verdicts'), matched by
+  finding, claim, row and metric.
+
+  Returns:
+    One dict per check of `results`, in its order: finding, claim, row, metric, before (the earlier verdict, or
+    None for a check the earlier report lacks), after, changed (before != after).
+  """
+  before = {_check_key(r): r['verdict'] for r in earlier}
+  return [{'finding': r['finding'], 'claim': r['claim'], 'row': r['row'], 'metric': r['metric'],
+           'before': before.get(_check_key(r)), 'after': r['verdict'],
+           'changed': before.get(_check_key(r)) != r['verdict']} for r in results]
+
+
+def changes_markdown(changes: Sequence[dict[str, Any]], earlier_name: str) -> str:
+  """The checks whose verdict changed against `earlier_name` as a Markdown table, and a line counting them."""
+  changed = [c for c in changes if c['changed']]
+  rows = [[c['finding'], c['claim'], c['row'], c['metric'].replace('_', ' '), c['before'] or '(not checked)',
+           c['after']] for c in changed]
+  table = tabulate.tabulate(rows, headers=['finding', 'claim', 'row', 'metric', f'verdict in {earlier_name}',
+                                           'verdict now'], tablefmt='github', disable_numparse=True)
+  return (f'{len(changed)} of {len(changes)} verdicts differ from {earlier_name}'
+          + (':\n\n' + table + '\n' if changed else '.\n'))
+
+
 def row_differences(records: Sequence[dict[str, Any]], reference_row: str = 'base') -> None:
   """Sets each record's '<metric>_delta', '_delta_low', '_delta_high' (its difference from `reference_row`
   with the 95% interval of `difference`) for dev perplexity and dev BLEU; None where unknown."""

@@ -18,7 +18,8 @@ mean ± sample standard deviation (with the count where a figure exists for fewe
 perplexity from runs without a curve), and every row's difference from the reference row (the rows file's
 REFERENCE, 'base' where it has none; configs/multi30k_recipes.py compares with 'paper') with its 95% interval
 (`findings.difference`: Welch's, or one run's standard deviation pooled within the rows that have seeds). A rows
-file's FINDINGS are tested by `findings.verdicts` (Holm-adjusted p-values, verdicts that need three seeds a side).
+file's FINDINGS are tested by `findings.verdicts` (Holm-adjusted p-values, verdicts that need three seeds a side);
+`--compare_to=<earlier table3.json>` lists the verdicts that changed since that report, e.g. a round of seeds.
 
 The paper's figures (newstest2013 perplexity per word piece and BLEU, parameters) stand beside ours; the
 Spearman rank correlations of the perplexity and BLEU columns with the paper's, over the rows that have both,
@@ -397,17 +398,27 @@ def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], r
 
 
 def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike[str],
-                 output_dir: str | os.PathLike[str] | None = None) -> str:
+                 output_dir: str | os.PathLike[str] | None = None,
+                 compare_to: str | os.PathLike[str] | None = None) -> str:
   """Writes table3.{md,csv,json,png} into output_dir (default: directory).
+
+  Args:
+    directory: the runs (a sweep's directory, or an archive of one).
+    rows_path: the rows file (ROWS, NOTES, PAPER; optionally FINDINGS, EQUIVALENCE_MARGINS, REFERENCE).
+    output_dir: where to write; default `directory`.
+    compare_to: an earlier report's table3.json: the verdicts that differ from its are listed after the
+      verdicts (`findings.verdict_changes`), and table3.json keeps them under 'changes'.
 
   Returns:
     The Markdown table.
 
   Raises:
-    FileNotFoundError: if `directory` or the rows file does not exist.
+    FileNotFoundError: if `directory`, the rows file or `compare_to` does not exist.
+    ValueError: if `compare_to` is not a report's JSON (no list under 'verdicts').
   """
   if not pathlib.Path(directory).is_dir():
     raise FileNotFoundError(f'{directory} is not a directory of runs')
+  earlier = _earlier_verdicts(compare_to) if compare_to else None
   rows_module = load_rows_module(rows_path)
   records = collect(directory, rows_module)
   output = pathlib.Path(output_dir or directory)
@@ -421,6 +432,10 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
              'the difference is row minus reference with its 95% interval; p two-sided; Holm p adjusted within '
              'its family; transformer_jax.tools.findings):\n\n'
              f'{findings_lib.markdown(results)}')
+  changes = None
+  if earlier is not None:
+    changes = findings_lib.verdict_changes(earlier, results)
+    text += '\n' + findings_lib.changes_markdown(changes, str(compare_to))
   nan_to_none = lambda x: None if isinstance(x, float) and math.isnan(x) else x
   correlations = {}
   for name, ours, paper in (('dev_perplexity', 'dev_perplexity', 'paper_ppl_dev'),
@@ -432,9 +447,21 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   (output / 'table3.csv').write_text(to_csv(records), encoding='utf-8')
   (output / 'table3.json').write_text(json.dumps(
       {'rows': records, 'verdicts': results, 'families': findings_lib.family_summary(results),
-       'rank_correlations': correlations}, indent=2, ensure_ascii=False), encoding='utf-8')
+       'rank_correlations': correlations, **({'changes': changes} if changes is not None else {})}, indent=2, ensure_ascii=False), encoding='utf-8')
   plot_rows(records, output / 'table3.png', reference)
   return text
+
+
+def _earlier_verdicts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+  """The 'verdicts' of an earlier report's table3.json (FileNotFoundError, or ValueError naming the file)."""
+  try:
+    verdicts = json.loads(pathlib.Path(path).read_text(encoding='utf-8')).get('verdicts')
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{path}: not JSON ({e}); --compare_to takes a table3.json a report wrote') from e
+  if not isinstance(verdicts, list) or not all(isinstance(v, dict) and 'verdict' in v for v in verdicts):
+    raise ValueError(f"{path}: no list of verdicts under 'verdicts'; --compare_to takes a table3.json a report "
+                     'wrote from a rows file with FINDINGS')
+  return verdicts
 
 
 def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[str]) -> list[str]:
@@ -483,6 +510,8 @@ _CURVE = flags.DEFINE_string('curve', None, 'Instead of the report, print this c
                              "table (`curve_table`), e.g. 'eval/bleu' (validation BLEU at eval.bleu_beam_size: "
                              "greedy in the Multi30k configs) or 'eval/perplexity'.")
 _CURVE_EVERY = flags.DEFINE_integer('curve_every', 0, "With --curve: only the steps that are multiples of this.")
+_COMPARE_TO = flags.DEFINE_string('compare_to', None, "An earlier report's table3.json: list the verdicts that "
+                                  'differ from it after the verdicts (e.g. a round of seeds against the last).')
 
 
 def main(argv: Sequence[str]) -> None:
@@ -491,15 +520,22 @@ def main(argv: Sequence[str]) -> None:
 
   Raises:
     app.UsageError: unless exactly one DIR is given; for --curve_every without --curve, or --curve with
-      --archive or --output_dir; and for what `archive` or `curve_table` refuses.
+      --archive, --output_dir or --compare_to; for a --compare_to that is not a report's table3.json; and for
+      what `archive` or `curve_table` refuses.
   """
   if len(argv) != 2:
     raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR] '
-                         '[--archive=DIR] [--curve=TAG [--curve_every=STEPS]]')
+                         '[--archive=DIR] [--compare_to=JSON] [--curve=TAG [--curve_every=STEPS]]')
   if not _CURVE.value and _CURVE_EVERY.value:
     raise app.UsageError('--curve_every needs --curve')
-  if _CURVE.value and (_ARCHIVE.value or _OUTPUT_DIR.value):
-    raise app.UsageError('--curve prints a table and writes nothing: leave out --archive and --output_dir')
+  if _CURVE.value and (_ARCHIVE.value or _OUTPUT_DIR.value or _COMPARE_TO.value):
+    raise app.UsageError('--curve prints a table and writes nothing: leave out --archive, --output_dir and '
+                         '--compare_to')
+  if _COMPARE_TO.value:  # Checked before the archive is written.
+    try:
+      _earlier_verdicts(_COMPARE_TO.value)
+    except (OSError, ValueError) as e:
+      raise app.UsageError(f'--compare_to: {e}') from e
   if _CURVE.value:
     try:
       print(curve_table(argv[1], _CURVE.value, _CURVE_EVERY.value), end='')
@@ -511,7 +547,7 @@ def main(argv: Sequence[str]) -> None:
       archive(argv[1], _ARCHIVE.value)
     except ValueError as e:
       raise app.UsageError(str(e)) from e
-  print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value), end='')
+  print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value, _COMPARE_TO.value), end='')
 
 
 if __name__ == '__main__':
