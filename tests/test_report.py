@@ -301,15 +301,39 @@ def test_compare_to_lists_the_verdicts_that_changed_since_an_earlier_report(tmp_
     fake_run(runs / f'A1.seed{seed}', 'A1', finished(9.5) | {'validation_bleu': 25.0 + seed / 2})
   text = report.write_report(runs, ROWS_FILE, compare_to=earlier / 'table3.json')
   changes = json.loads((runs / 'table3.json').read_text())['changes']
-  changed = {(c['row'], c['metric']): c for c in changes if c['changed']}
-  assert changed[('A1', 'dev_bleu')]['before'].startswith('inconclusive')
-  assert changed[('A1', 'dev_bleu')]['after'] == 'holds'
-  assert all(c['before'] is not None for c in changes)  # The same rows file: every check was in round 1.
-  assert f'{len(changed)} of {len(changes)} verdicts differ from {earlier / "table3.json"}:' in text
-  assert '| A ' in text.split('verdicts differ from')[1]
-  (tmp_path / 'not_a_report.json').write_text('{"rows": []}')
-  with pytest.raises(ValueError, match='not_a_report.json: no list of verdicts'):
-    report.write_report(runs, ROWS_FILE, compare_to=tmp_path / 'not_a_report.json')
+  checks = sum(len(finding['checks']) for finding in table3_multi30k.FINDINGS)
+  assert len(changes) == checks and all(c['before'] is not None for c in changes)  # The same rows file.
+  assert [(c['row'], c['metric'], c['before'], c['after']) for c in changes if c['changed']] == [
+      ('A1', 'dev_bleu', 'inconclusive', 'holds')]
+  assert f'1 of {checks} verdicts differ from {earlier / "table3.json"}: 1 in their conclusion, 0 only' in text
+  assert '| A         | one head is worse than the best setting | A1    | dev bleu | inconclusive' in text
+
+  # A check the earlier report has and this one lacks is listed as no longer checked; a note is not a conclusion.
+  verdicts = json.loads((earlier / 'table3.json').read_text())['verdicts']
+  noted = next(i for i, v in enumerate(verdicts) if v['row'] == 'C1')  # Not run in either report.
+  verdicts[noted]['verdict'] = 'not run (a note)'
+  verdicts.append(verdicts[0] | {'claim': 'a claim since reworded'})
+  changes = report.findings_lib.verdict_changes(verdicts, json.loads((runs / 'table3.json').read_text())['verdicts'])
+  assert changes[-1]['claim'] == 'a claim since reworded' and changes[-1]['after'] is None and changes[-1]['changed']
+  assert changes[noted]['changed'] and not changes[noted]['conclusion_changed']
+
+
+@pytest.mark.parametrize('content, message', [
+    ('{"rows": []}', 'has no verdicts'), ('{"verdicts": []}', 'has no verdicts'), ('[1, 2]', 'has no verdicts'),
+    ('{"verdicts": [{"verdict": "holds"}]}', 'has no verdicts'), ('not json', 'is not JSON')])
+def test_compare_to_refuses_what_is_not_a_report_before_writing(tmp_path, content, message):
+  fake_run(tmp_path / 'runs' / 'base', 'base', finished(9.0))
+  (tmp_path / 'earlier.json').write_text(content)
+  with pytest.raises(ValueError, match=f'earlier.json {message}'):
+    report.write_report(tmp_path / 'runs', ROWS_FILE, tmp_path / 'out', compare_to=tmp_path / 'earlier.json')
+  with pytest.raises(ValueError, match='table3.py has no FINDINGS'):
+    report.check_inputs(tmp_path / 'runs', REPO_ROOT / 'configs' / 'table3.py', tmp_path / 'earlier.json')
+  result = subprocess.run([sys.executable, '-m', 'transformer_jax.report', str(tmp_path / 'runs'),
+                           f'--rows={ROWS_FILE}', f'--archive={tmp_path / "archive"}',
+                           f'--compare_to={tmp_path / "earlier.json"}'], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.returncode != 0 and message in result.stderr and 'Traceback' not in result.stderr
+  assert not (tmp_path / 'out').exists() and not (tmp_path / 'archive').exists()
 
 
 def test_findings_name_rows_of_the_table():

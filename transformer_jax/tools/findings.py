@@ -212,29 +212,43 @@ def _check_key(result: dict[str, Any]) -> tuple[str, str, str, str]:
   return result['finding'], result['claim'], result['row'], result['metric']
 
 
+def _conclusion(verdict: str | None) -> str | None:
+  """A verdict without its note: 'inconclusive (holds at 1 vs 3 seeds)' -> 'inconclusive'."""
+  return verdict and verdict.split(' (')[0]
+
+
 def verdict_changes(earlier: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """Each check of `results` beside its verdict in `earlier` (an earlier report's 'verdicts'), matched by
-  finding, claim, row and metric.
+  """Each check of `results` beside its verdict in `earlier`, matched by finding, claim, row and metric.
+
+  Args:
+    earlier: an earlier report's 'verdicts' (dicts with finding, claim, row, metric and verdict).
+    results: this report's, from `verdicts`.
 
   Returns:
-    One dict per check of `results`, in its order: finding, claim, row, metric, before (the earlier verdict, or
-    None for a check the earlier report lacks), after, changed (before != after).
+    One dict per check of `results` in its order, then one per check that only `earlier` has: finding, claim,
+    row, metric, before and after (the verdicts; None where a report lacks the check), changed (before !=
+    after) and conclusion_changed (the same without the verdicts' notes in parentheses, e.g. 'inconclusive
+    (holds at 1 vs 3 seeds)' and 'inconclusive' differ only in their note).
   """
   before = {_check_key(r): r['verdict'] for r in earlier}
-  return [{'finding': r['finding'], 'claim': r['claim'], 'row': r['row'], 'metric': r['metric'],
-           'before': before.get(_check_key(r)), 'after': r['verdict'],
-           'changed': before.get(_check_key(r)) != r['verdict']} for r in results]
+  after = {_check_key(r): r['verdict'] for r in results}
+  keys = list(after) + [key for key in before if key not in after]
+  return [{'finding': key[0], 'claim': key[1], 'row': key[2], 'metric': key[3], 'before': before.get(key),
+           'after': after.get(key), 'changed': before.get(key) != after.get(key),
+           'conclusion_changed': _conclusion(before.get(key)) != _conclusion(after.get(key))} for key in keys]
 
 
 def changes_markdown(changes: Sequence[dict[str, Any]], earlier_name: str) -> str:
-  """The checks whose verdict changed against `earlier_name` as a Markdown table, and a line counting them."""
+  """The checks whose verdict changed against `earlier_name` as a Markdown table, after a line counting them."""
   changed = [c for c in changes if c['changed']]
   rows = [[c['finding'], c['claim'], c['row'], c['metric'].replace('_', ' '), c['before'] or '(not checked)',
-           c['after']] for c in changed]
+           c['after'] or '(no longer checked)'] for c in changed]
   table = tabulate.tabulate(rows, headers=['finding', 'claim', 'row', 'metric', f'verdict in {earlier_name}',
                                            'verdict now'], tablefmt='github', disable_numparse=True)
-  return (f'{len(changed)} of {len(changes)} verdicts differ from {earlier_name}'
-          + (':\n\n' + table + '\n' if changed else '.\n'))
+  concluded = sum(c['conclusion_changed'] for c in changed)
+  line = (f'{len(changed)} of {len(changes)} verdicts differ from {earlier_name}: {concluded} in their '
+          f'conclusion, {len(changed) - concluded} only in the note in parentheses')
+  return line + (':\n\n' + table + '\n' if changed else '.\n')
 
 
 def row_differences(records: Sequence[dict[str, Any]], reference_row: str = 'base') -> None:

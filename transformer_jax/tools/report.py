@@ -413,13 +413,9 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
     The Markdown table.
 
   Raises:
-    FileNotFoundError: if `directory`, the rows file or `compare_to` does not exist.
-    ValueError: if `compare_to` is not a report's JSON (no list under 'verdicts').
+    What `check_inputs` raises, before anything is written.
   """
-  if not pathlib.Path(directory).is_dir():
-    raise FileNotFoundError(f'{directory} is not a directory of runs')
-  earlier = _earlier_verdicts(compare_to) if compare_to else None
-  rows_module = load_rows_module(rows_path)
+  rows_module, earlier = check_inputs(directory, rows_path, compare_to)
   records = collect(directory, rows_module)
   output = pathlib.Path(output_dir or directory)
   output.mkdir(parents=True, exist_ok=True)
@@ -447,21 +443,45 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   (output / 'table3.csv').write_text(to_csv(records), encoding='utf-8')
   (output / 'table3.json').write_text(json.dumps(
       {'rows': records, 'verdicts': results, 'families': findings_lib.family_summary(results),
-       'rank_correlations': correlations, **({'changes': changes} if changes is not None else {})}, indent=2, ensure_ascii=False), encoding='utf-8')
+       'rank_correlations': correlations,
+       **({'changes': changes} if changes is not None else {})}, indent=2, ensure_ascii=False), encoding='utf-8')
   plot_rows(records, output / 'table3.png', reference)
   return text
 
 
-def _earlier_verdicts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-  """The 'verdicts' of an earlier report's table3.json (FileNotFoundError, or ValueError naming the file)."""
+def check_inputs(directory: str | os.PathLike[str], rows_path: str | os.PathLike[str],
+                 compare_to: str | os.PathLike[str] | None = None) -> tuple[Any, list[dict[str, Any]] | None]:
+  """Checks a report's inputs, before anything is written: the runs' directory, the rows file, and the earlier
+  report that `compare_to` names.
+
+  Returns:
+    The rows module, and the earlier report's verdicts (None without `compare_to`).
+
+  Raises:
+    FileNotFoundError: if `directory` is not a directory, or the rows file does not exist.
+    OSError: if `compare_to` cannot be read (missing, a directory).
+    ValueError: what `load_rows_module` refuses; for a `compare_to` that is not a table3.json with verdicts
+      (each naming the file), or `compare_to` with a rows file without FINDINGS.
+  """
+  if not pathlib.Path(directory).is_dir():
+    raise FileNotFoundError(f'{directory} is not a directory of runs')
+  rows_module = load_rows_module(rows_path)
+  if compare_to is None:
+    return rows_module, None
+  if not getattr(rows_module, 'FINDINGS', ()):
+    raise ValueError(f'--compare_to: {rows_path} has no FINDINGS, so there are no verdicts to compare')
   try:
-    verdicts = json.loads(pathlib.Path(path).read_text(encoding='utf-8')).get('verdicts')
-  except json.JSONDecodeError as e:
-    raise ValueError(f'{path}: not JSON ({e}); --compare_to takes a table3.json a report wrote') from e
-  if not isinstance(verdicts, list) or not all(isinstance(v, dict) and 'verdict' in v for v in verdicts):
-    raise ValueError(f"{path}: no list of verdicts under 'verdicts'; --compare_to takes a table3.json a report "
-                     'wrote from a rows file with FINDINGS')
-  return verdicts
+    written = json.loads(pathlib.Path(compare_to).read_text(encoding='utf-8'))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f'--compare_to: {compare_to} is not JSON ({e}); it takes a table3.json a report wrote') from e
+  verdicts = written.get('verdicts') if isinstance(written, dict) else None
+  keys = {'finding', 'claim', 'row', 'metric', 'verdict'}
+  if not verdicts or not isinstance(verdicts, list) or not all(
+      isinstance(v, dict) and keys <= v.keys() for v in verdicts):
+    raise ValueError(f"--compare_to: {compare_to} has no verdicts (a non-empty list under 'verdicts', each with "
+                     f'{", ".join(sorted(keys))}); it takes a table3.json a report wrote from a rows file with '
+                     'FINDINGS')
+  return rows_module, verdicts
 
 
 def archive(directory: str | os.PathLike[str], archive_dir: str | os.PathLike[str]) -> list[str]:
@@ -520,8 +540,8 @@ def main(argv: Sequence[str]) -> None:
 
   Raises:
     app.UsageError: unless exactly one DIR is given; for --curve_every without --curve, or --curve with
-      --archive, --output_dir or --compare_to; for a --compare_to that is not a report's table3.json; and for
-      what `archive` or `curve_table` refuses.
+      --archive, --output_dir or --compare_to; and for what `check_inputs` (before anything is written),
+      `archive` or `curve_table` refuses.
   """
   if len(argv) != 2:
     raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR] '
@@ -531,17 +551,16 @@ def main(argv: Sequence[str]) -> None:
   if _CURVE.value and (_ARCHIVE.value or _OUTPUT_DIR.value or _COMPARE_TO.value):
     raise app.UsageError('--curve prints a table and writes nothing: leave out --archive, --output_dir and '
                          '--compare_to')
-  if _COMPARE_TO.value:  # Checked before the archive is written.
-    try:
-      _earlier_verdicts(_COMPARE_TO.value)
-    except (OSError, ValueError) as e:
-      raise app.UsageError(f'--compare_to: {e}') from e
   if _CURVE.value:
     try:
       print(curve_table(argv[1], _CURVE.value, _CURVE_EVERY.value), end='')
     except (OSError, ValueError) as e:
       raise app.UsageError(str(e)) from e
     return
+  try:
+    check_inputs(argv[1], _ROWS.value, _COMPARE_TO.value)  # Before the archive is written.
+  except (OSError, ValueError) as e:
+    raise app.UsageError(str(e)) from e
   if _ARCHIVE.value:
     try:
       archive(argv[1], _ARCHIVE.value)
