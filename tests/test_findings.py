@@ -78,6 +78,8 @@ def test_a_true_effect_over_three_seeds_holds_and_its_reversal_is_named():
   results = findings.verdicts(records, [_finding([('N=1 is worse', 'C1', ('base',), 'dev_bleu', 'worse'),
                                                   ('bigger is worse', 'C5', ('base',), 'dev_bleu', 'worse')])])
   assert [r['verdict'] for r in results] == ['holds', 'reversed']
+  assert '; 2 pass Holm\'s procedure (family-wise 0.05), 2 verdicts are conclusive' in findings.markdown(results)
+  assert '; 1 passes Holm\'s procedure (family-wise 0.05), 1 verdict is conclusive' in findings.markdown(results[:1])
   assert results[0]['test'] == 'welch' and results[0]['high'] < 0 and results[0]['p_holm'] <= 0.05
   assert results[0]['paired']['difference'] == pytest.approx(np.mean([34.0, 34.4, 33.8]) - np.mean([36.9, 36.6, 37.2]))
 
