@@ -24,20 +24,24 @@ def forward_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: in
   """Matrix-product FLOPs of one teacher-forced forward pass (2 per multiply-add).
 
   Counts projections, attention scores and weighted sums, feed-forward and the output logits over the padded
-  (or packed) shapes, as the step computes them; not softmax, layer norm or other elementwise work. Training
-  costs 3x this (forward + two backward products).
+  (or packed) shapes, as the step computes them; not softmax, layer norm or other elementwise work. W^K and
+  W^V have `num_kv_heads` heads (grouped- and multi-query attention: fewer FLOPs than W^Q); a gated
+  feed-forward layer ('swiglu', 'geglu') has three d_model x d_ff matrices instead of two. Training costs 3x
+  this (forward + two backward products).
   """
   h, d_k, d_v, d_model, d_ff = cfg.num_heads, cfg.d_k, cfg.d_v, cfg.d_model, cfg.d_ff
-  projections = 2 * d_model * h * (2 * d_k + d_v) + 2 * h * d_v * d_model  # Q, K, V and W^O per token.
-  feed_forward = 2 * 2 * d_model * d_ff
+  kv_heads = cfg.num_kv_heads or h
+  query_output = 2 * d_model * h * d_k + 2 * h * d_v * d_model  # W^Q and W^O per token.
+  key_value = 2 * d_model * kv_heads * (d_k + d_v)  # W^K and W^V per token.
+  projections = query_output + key_value
+  feed_forward = (3 if cfg.feed_forward in ('swiglu', 'geglu') else 2) * 2 * d_model * d_ff
 
   def attend(queries, keys):
     return 2 * queries * keys * h * (d_k + d_v)
 
   src, tgt = batch_size * source_length, batch_size * target_length
   encoder = src * (projections + feed_forward) + batch_size * attend(source_length, source_length)
-  cross = (tgt * (2 * d_model * h * d_k + 2 * h * d_v * d_model) + src * 2 * d_model * h * (d_k + d_v)
-           + batch_size * attend(target_length, source_length))
+  cross = tgt * query_output + src * key_value + batch_size * attend(target_length, source_length)
   decoder = tgt * (projections + feed_forward) + batch_size * attend(target_length, target_length) + cross
   logits = tgt * 2 * d_model * cfg.vocab_size
   return float(cfg.num_layers * (encoder + decoder) + logits)
