@@ -201,7 +201,8 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
                             tablefmt='github', disable_numparse=True)
   lines = [f"{s['family']}: {s['checks']} checks; at an unadjusted p < {ALPHA:g}, {s['significant_unadjusted']} "
            f"would pass and {s['expected_false_positives_unadjusted']:.1f} false positives are expected if no "
-           f"effect were real; {s['significant_holm']} {'passes' if s['significant_holm'] == 1 else 'pass'} Holm's procedure (family-wise {ALPHA:g}), "
+           f"effect were real; {s['significant_holm']} {'passes' if s['significant_holm'] == 1 else 'pass'} "
+           f"Holm's procedure (family-wise {ALPHA:g}), "
            f"{s['conclusive']} {'verdict is' if s['conclusive'] == 1 else 'verdicts are'} conclusive "
            f"({MIN_SEEDS} seeds a side)."
            for s in family_summary(results)]
