@@ -126,7 +126,6 @@ def run_curves(workdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
     ValueError: naming a `curves.json` that is not {tag: [[step, value], ...]}, or an event file's damaged record.
   """
   path = workdir / CURVES_FILE
-  curves = {}
   try:
     curves = {tag: [(int(step), float(value)) for step, value in points]
               for tag, points in (_read_json(path) or {}).items()}
@@ -399,7 +398,8 @@ def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], r
 
 def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike[str],
                  output_dir: str | os.PathLike[str] | None = None,
-                 compare_to: str | os.PathLike[str] | None = None) -> str:
+                 compare_to: str | os.PathLike[str] | None = None,
+                 archive_dir: str | os.PathLike[str] | None = None) -> str:
   """Writes table3.{md,csv,json,png} into output_dir (default: directory).
 
   Args:
@@ -408,14 +408,17 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
     output_dir: where to write; default `directory`.
     compare_to: an earlier report's table3.json: the verdicts that differ from its are listed after the
       verdicts (`findings.verdict_changes`), and table3.json keeps them under 'changes'.
+    archive_dir: also `archive` the finished runs there, before the report is written.
 
   Returns:
     The Markdown table.
 
   Raises:
-    What `check_inputs` raises, before anything is written.
+    What `check_inputs` raises, before anything is written; what `archive` raises, before the report is.
   """
   rows_module, earlier = check_inputs(directory, rows_path, compare_to)
+  if archive_dir is not None:
+    archive(directory, archive_dir)
   records = collect(directory, rows_module)
   output = pathlib.Path(output_dir or directory)
   output.mkdir(parents=True, exist_ok=True)
@@ -540,8 +543,7 @@ def main(argv: Sequence[str]) -> None:
 
   Raises:
     app.UsageError: unless exactly one DIR is given; for --curve_every without --curve, or --curve with
-      --archive, --output_dir or --compare_to; and for what `check_inputs` (before anything is written),
-      `archive` or `curve_table` refuses.
+      --archive, --output_dir or --compare_to; and for what `write_report` or `curve_table` refuses.
   """
   if len(argv) != 2:
     raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR] '
@@ -558,15 +560,9 @@ def main(argv: Sequence[str]) -> None:
       raise app.UsageError(str(e)) from e
     return
   try:
-    check_inputs(argv[1], _ROWS.value, _COMPARE_TO.value)  # Before the archive is written.
+    print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value, _COMPARE_TO.value, _ARCHIVE.value), end='')
   except (OSError, ValueError) as e:
     raise app.UsageError(str(e)) from e
-  if _ARCHIVE.value:
-    try:
-      archive(argv[1], _ARCHIVE.value)
-    except ValueError as e:
-      raise app.UsageError(str(e)) from e
-  print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value, _COMPARE_TO.value), end='')
 
 
 if __name__ == '__main__':
