@@ -72,7 +72,7 @@ ROWS = {
      for row, overrides in table3.VARIANT_ROWS.items()} | {
     # Two rows as the paper defines them, and one confound (issue #48): big trains 3x base's steps in Table 3
     # (300K against 100K), so big_6k does too, its checkpoints and the last 5 averaged 3x apart (the same last
-    # quarter; the bigger-is-better check reads big_6k, not big); C3_3k gives N=4 1.5x the steps, to test
+    # fifth; the bigger-is-better check reads big_6k, not big); C3_3k gives N=4 1.5x the steps, to test
     # whether it trails for want of updates; C5_lr is d_model=512 at base's peak learning rate (§5.3's peak falls
     # as d_model^-0.5: 1.1e-3 against 1.56e-3).
     'big_6k': {'model.d_model': 512, 'model.d_ff': 2048, 'model.num_heads': 8, 'model.dropout_rate': 0.3,
