@@ -49,6 +49,8 @@ ROWS = {
     'vocab10k': {'data.vocab_size': 10000, **_schedule(7480)},
     # §5.3's peak sqrt(2) higher (2.2e-3 instead of 1.56e-3), the same warm-up: does the main job under-train?
     'lr_high': {'train.learning_rate_scale': 0.5 * 2 ** 0.5},
+    # §5.3's warmup_steps doubled, 800 instead of 400: the same decay after step 800, a peak sqrt(2) lower (1.1e-3).
+    'warmup800': {'train.warmup_steps': 800},
     # The batched attention products in float32 (the main job has them in bf16 since 2026-12-02, a change checked
     # at 2,000 steps only): the same FLOPs, slower on CPUs without AMX.
     'fp32_attention': {'model.attention_product_dtype': 'float32'},
@@ -63,7 +65,7 @@ NOTES = {
     'tiny': 'Wu et al. (2021) transformer-tiny, 8,192 tokens a side, 6,200 steps',
     'deep4': 'N=4, d_ff=512, 8,160 steps',
     'vocab10k': 'BPE 10,000, 7,480 steps', 'lr_high': 'peak learning rate 2.2e-3 (x sqrt 2)',
-    'fp32_attention': 'attention products in float32',
+    'warmup800': 'warm-up 800 steps (peak 1.1e-3)', 'fp32_attention': 'attention products in float32',
     'lowercase': 'lowercased text (case-folded vocabulary); compare lc-tok BLEU only',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
