@@ -104,6 +104,9 @@ def make_norm(kind: str, dtype: Any, name: str) -> nn.Module:
                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sharding.EMBED,)))
 
 
+GATED_FEED_FORWARDS = ('swiglu', 'geglu')  # Kinds with a third d_model x d_ff matrix V (Shazeer, 2020).
+
+
 class FeedForward(nn.Module):
   """The position-wise feed-forward network (§3.3), x: [batch, length, d_model] -> same shape.
 
@@ -120,7 +123,7 @@ class FeedForward(nn.Module):
     d_model = x.shape[-1]
     param = lambda name, init, shape, axes: self.param(name, nn.with_logical_partitioning(init, axes), shape)
     w1 = param('w1', numerics.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
-    gated = self.kind in ('swiglu', 'geglu')
+    gated = self.kind in GATED_FEED_FORWARDS
     if gated:
       v = param('v', numerics.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
     else:

@@ -51,7 +51,7 @@ def check_exportable(cfg: model_lib.ModelConfig) -> None:
   refusals = [
       (cfg.position_embedding in ('rope', 'none'), 'model.position_embedding', cfg.position_embedding,
        "CTranslate2's encoder-decoder has no rotary positions; 'sinusoidal' and 'learned' export"),
-      (cfg.feed_forward in ('swiglu', 'geglu'), 'model.feed_forward', cfg.feed_forward,
+      (cfg.feed_forward in layers.GATED_FEED_FORWARDS, 'model.feed_forward', cfg.feed_forward,
        'gated feed-forward layers are not exported yet; relu and gelu are'),
       (cfg.num_kv_heads not in (None, cfg.num_heads), 'model.num_kv_heads', cfg.num_kv_heads,
        "grouped- and multi-query attention are not exported yet (CTranslate2's encoder-decoder takes one query "

@@ -12,6 +12,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.model import layers
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.tools import tpu_slices
 
@@ -34,7 +35,7 @@ def forward_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: in
   query_output = 2 * d_model * h * d_k + 2 * h * d_v * d_model  # W^Q and W^O per token.
   key_value = 2 * d_model * kv_heads * (d_k + d_v)  # W^K and W^V per token.
   projections = query_output + key_value
-  feed_forward = (3 if cfg.feed_forward in ('swiglu', 'geglu') else 2) * 2 * d_model * d_ff
+  feed_forward = (3 if cfg.feed_forward in layers.GATED_FEED_FORWARDS else 2) * 2 * d_model * d_ff
 
   def attend(queries, keys):
     return 2 * queries * keys * h * (d_k + d_v)
