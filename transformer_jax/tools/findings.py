@@ -1,8 +1,8 @@
 """Table 3's findings tested on a sweep's rows: a difference, its 95% interval, a p-value and a Holm verdict each.
 
-A rows file (configs/table3_multi30k.py) lists FINDINGS: the paper's claims (§5.4, §6.2) and the later variants'
-(rows F), each as checks (claim, row, reference rows, metric, expected) with expected 'better', 'worse', 'same' or
-'not worse'. `verdicts` tests each check on the per-seed values that `transformer_jax.tools.report` collected:
+A rows file lists FINDINGS, each as checks (claim, row, reference rows, metric, expected) with expected 'better',
+'worse', 'same' or 'not worse': configs/table3_multi30k.py the paper's claims (§5.4, §6.2) and the later
+variants' (rows F), configs/multi30k_recipes.py each candidate recipe's gain over the main job's. `verdicts` tests each check on the per-seed values that `transformer_jax.tools.report` collected:
 
 * The difference row - reference (the reference: the best of the check's reference rows by its mean) gets a t
   interval (`significance`): Welch's where both sides have two seeds or more, else one run's standard deviation
