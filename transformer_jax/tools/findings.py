@@ -1,16 +1,19 @@
-"""Table 3's findings tested on a sweep's rows: a difference, its 95% interval, a p-value and a Holm verdict each.
+"""Claims tested on a sweep's rows (Table 3's findings, or candidate recipes' gains): a difference, its 95% interval,
+a p-value and a Holm verdict each.
 
 A rows file lists FINDINGS, each as checks (claim, row, reference rows, metric, expected) with expected 'better',
 'worse', 'same' or 'not worse': configs/table3_multi30k.py the paper's claims (§5.4, §6.2) and the later
-variants' (rows F), configs/multi30k_recipes.py each candidate recipe's gain over the main job's. `verdicts` tests each check on the per-seed values that `transformer_jax.tools.report` collected:
+variants' (rows F), configs/multi30k_recipes.py each candidate recipe's gain over the main job's. `verdicts`
+tests each check on the per-seed values that `transformer_jax.tools.report` collected:
 
 * The difference row - reference (the reference: the best of the check's reference rows by its mean) gets a t
   interval (`significance`): Welch's where both sides have two seeds or more, else one run's standard deviation
   pooled within the rows of the table that have several seeds, with its degrees of freedom. Beside it, where
   both sides share two seeds or more, the seed-paired interval (seed k of both trained on the same data order);
   the verdict uses the first, chosen before looking at the data.
-* The p-values of one family (the paper's checks; separately the variants', `family='variants'`) are adjusted by
-  Holm's procedure at ALPHA: the chance of any false "holds", "reversed" or "differs" in a family is at most 5%.
+* The p-values of one family (a finding's `family`: 'paper' by default; table3_multi30k's variants are
+  'variants', the recipes' candidates 'candidates') are adjusted by Holm's procedure at ALPHA: the chance of
+  any false "holds", "reversed" or "differs" in a family is at most 5%.
 * 'better' / 'worse': `holds` or `reversed` when Holm rejects "no difference", by the sign; else `inconclusive`.
   'same': `differs` when Holm rejects; `equivalent` when the whole interval lies inside ±margin
   (EQUIVALENCE_MARGINS of the rows file); else `inconclusive`. 'not worse': `reversed` when Holm rejects
