@@ -10,8 +10,9 @@ job's training compute: at most BUDGET_FLOPS, 8,000 steps of 96.4 GFLOP (`flops.
 [32, 64] batch of 2,048 tokens a side). Where a recipe's step costs more or less, its step count is scaled to
 that budget (the numbers below; tests/test_configs.py checks each). Checkpoints are kept so that the last 10
 averaged cover the last quarter of training, as in the main job (10 x 200 of 8,000 steps), and warm-up lasts
-the same 5% of the steps where the step count changes (tiny and warmup800 set their own warm-up). Recipes are compared on the validation split only (docs/multi30k_recipes.md); the
-report tests each candidate's gain over `paper` (FINDINGS) with Holm's correction over all the candidates.
+the same 5% of the steps where the step count changes (tiny and warmup800 set their own warm-up). Recipes are
+compared on the validation split only (docs/multi30k_recipes.md); the report tests each candidate's gain over
+`paper` (FINDINGS) with Holm's correction over all the candidates.
 """
 import ml_collections
 
