@@ -94,9 +94,9 @@ def _candidate_checks(row: str) -> tuple:
                if metric not in _NOT_COMPARABLE.get(row, ()))
 
 
-FINDINGS = tuple(dict(finding=row, section=source, quote=NOTES[row], family='candidates',
-                      checks=_candidate_checks(row))
-                 for row, source in _SOURCES.items() if _candidate_checks(row))
+FINDINGS = tuple(finding for finding in (
+    dict(finding=row, section=source, quote=NOTES[row], family='candidates', checks=_candidate_checks(row))
+    for row, source in _SOURCES.items()) if finding['checks'])
 
 
 def get_config(row: str | None = None) -> ml_collections.ConfigDict:
