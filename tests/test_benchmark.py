@@ -166,7 +166,7 @@ def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, 
   every train.* optimiser field (it once built its own Adam, ignoring them)."""
   config = load_config('smoke')
   config.train.update(learning_rate_scale=3.0, adam_b1=0.8, adam_b2=0.9, adam_eps=1e-6, grad_clip_norm=0.5,
-                      warmup_steps=7)
+                      weight_decay=0.3, warmup_steps=7)
   used = []
   real = step_lib.jit_train_step
   monkeypatch.setattr(step_lib, 'jit_train_step', lambda setup, *args: used.append(setup) or real(setup, *args))
@@ -174,7 +174,7 @@ def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, 
   assert len(used) == 1
   setup = used[0]
   schedule = optim.rsqrt_schedule(config.model.d_model, 7, 3.0)
-  expected_tx = optim.make_optimizer(schedule, b1=0.8, b2=0.9, eps=1e-6, grad_clip_norm=0.5)
+  expected_tx = optim.make_optimizer(schedule, b1=0.8, b2=0.9, eps=1e-6, grad_clip_norm=0.5, weight_decay=0.3)
   params = {'w': jnp.arange(6.0).reshape(2, 3)}
   grads = {'w': jnp.array([[3.0, -4.0, 0.5], [10.0, 0.0, -2.0]])}  # Norm 11.6: clipped to 0.5.
   state, expected_state = setup.tx.init(params), expected_tx.init(params)

@@ -99,7 +99,32 @@ def test_grad_clip_norm_clips_the_global_norm_first():
   assert not np.allclose(clipped[1], unclipped[1], rtol=1e-2)
 
 
+def test_weight_decay_shrinks_matrices_only_by_lrate_times_decay():
+  # AdamW (Loshchilov & Hutter, 2019, Algorithm 2 with the schedule multiplier η_t = lrate): θ ← θ - lrate ·
+  # (Adam's step + λ θ). A matrix gets both terms; a bias or normalisation scale (1 dimension) gets Adam's only.
+  params = {'w': jnp.array([[2.0, -1.0], [0.5, 4.0]]), 'b': jnp.array([3.0, -3.0])}
+  grads = {'w': jnp.array([[1.0, -2.0], [0.0, 0.5]]), 'b': jnp.array([0.5, -1.0])}
+  lr, decay = 0.1, 0.3
+  tx = optim.make_optimizer(lambda count: lr, weight_decay=decay)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  adam_w = [numpy_adam([np.asarray(g)], lr=lr)[0] for g in np.asarray(grads['w']).reshape(-1)]
+  expected_w = np.reshape(adam_w, (2, 2)) - lr * decay * np.asarray(params['w'])
+  np.testing.assert_allclose(updates['w'], expected_w, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(updates['b'], numpy_adam([np.asarray(grads['b'])], lr=lr)[0], rtol=1e-5)
+  # With a zero gradient, only the decay is left: exactly -lrate · λ · θ.
+  zero = {'w': jnp.zeros((2, 2)), 'b': jnp.zeros(2)}
+  updates, _ = tx.update(zero, tx.init(params), params)
+  np.testing.assert_allclose(updates['w'], -lr * decay * np.asarray(params['w']), rtol=1e-6)
+  np.testing.assert_array_equal(updates['b'], [0.0, 0.0])
+
+
+def test_zero_weight_decay_is_the_papers_adam():
+  plain, zero = optim.make_optimizer(lambda count: 0.1), optim.make_optimizer(lambda count: 0.1, weight_decay=0.0)
+  assert run_optimizer(zero, GRADS)[2].tolist() == run_optimizer(plain, GRADS)[2].tolist()
+
+
 @pytest.mark.parametrize(('kwargs', 'match'), [
+    (dict(weight_decay=-0.1), r'train\.weight_decay must be >= 0'),
     (dict(b1=1.0), r'train\.adam_b1 must be in \[0, 1\), got 1\.0'),
     (dict(b2=-0.1), r'train\.adam_b2 must be in \[0, 1\), got -0\.1'),
     (dict(eps=0.0), r'train\.adam_eps must be positive, got 0\.0'),

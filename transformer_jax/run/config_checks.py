@@ -135,6 +135,8 @@ def _validate_train(train_cfg) -> None:
   _require(0.0 <= train_cfg.label_smoothing < 1.0, 'train.label_smoothing', train_cfg.label_smoothing, 'in [0, 1)')
   _require(math.isfinite(train_cfg.grad_clip_norm) and train_cfg.grad_clip_norm >= 0, 'train.grad_clip_norm',
            train_cfg.grad_clip_norm, 'a finite number >= 0 (0 disables clipping)')
+  _require(math.isfinite(train_cfg.weight_decay) and train_cfg.weight_decay >= 0, 'train.weight_decay',
+           train_cfg.weight_decay, "a finite number >= 0 (0: the paper's Adam)")
   _require(train_cfg.on_nonfinite in ('stop', 'skip'), 'train.on_nonfinite', train_cfg.on_nonfinite,
            "one of ('stop', 'skip')")
 

@@ -48,7 +48,7 @@ def compute_setup(config, devices=None) -> Build:
   train_cfg = config.train
   schedule = optim.rsqrt_schedule(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_scale)
   tx = optim.make_optimizer(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
-                            grad_clip_norm=train_cfg.grad_clip_norm)
+                            grad_clip_norm=train_cfg.grad_clip_norm, weight_decay=train_cfg.weight_decay)
   try:  # sharding raises the built-in type, naming the mesh.* (and model.*) keys.
     mesh = sharding.make_mesh(config.mesh, devices, dimensions)
     rules = sharding.logical_axis_rules(config.mesh)

@@ -81,7 +81,7 @@ def compiled_synthetic_step(config):
 
 def run(config) -> dict[str, float]:
   """Benchmarks the configured model; prints a report and returns (and prints last) the JSON figures."""
-  # The model, optimiser (adam_*, grad_clip_norm, learning_rate_scale), mesh and jitted step of training.
+  # The model, optimiser (adam_*, grad_clip_norm, weight_decay, learning_rate_scale), mesh and jitted step of training.
   setup = experiment.compute_setup(config)
   cfg, model, mesh, rules = setup.model.cfg, setup.model, setup.mesh, setup.rules
   bench = config.benchmark

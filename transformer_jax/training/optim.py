@@ -1,4 +1,5 @@
 """The optimiser of §5.3: Adam(β1=0.9, β2=0.98, ε=1e-9) with the warm-up / inverse-square-root schedule."""
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -39,11 +40,16 @@ def rsqrt_schedule(d_model: int, warmup_steps: int, learning_rate_scale: float =
 
 
 def make_optimizer(schedule: optax.Schedule, *, b1: float = 0.9, b2: float = 0.98, eps: float = 1e-9,
-                   grad_clip_norm: float = 0.0) -> optax.GradientTransformation:
+                   grad_clip_norm: float = 0.0, weight_decay: float = 0.0) -> optax.GradientTransformation:
   """Adam with the paper's hyperparameters (§5.3); global-norm clipping only when grad_clip_norm > 0.
 
+  weight_decay > 0 makes it AdamW (Loshchilov & Hutter, 2019; not in the paper): each update also subtracts
+  lrate · weight_decay · θ from every matrix θ (embeddings and projections: parameters of 2 or more
+  dimensions), never from biases or normalisation scales. 0 is the paper's Adam, with the same state.
+
   Raises:
-    errors.ConfigError: for betas outside [0, 1), a non-positive eps or a negative grad_clip_norm.
+    errors.ConfigError: for betas outside [0, 1), a non-positive eps, a negative grad_clip_norm or a negative
+      weight_decay.
   """
   for name, value in (('adam_b1', b1), ('adam_b2', b2)):
     if not 0.0 <= value < 1.0:
@@ -52,7 +58,13 @@ def make_optimizer(schedule: optax.Schedule, *, b1: float = 0.9, b2: float = 0.9
     raise errors.ConfigError(f'train.adam_eps must be positive, got {eps!r}')
   if grad_clip_norm < 0:
     raise errors.ConfigError(f'train.grad_clip_norm must be >= 0 (0 disables clipping), got {grad_clip_norm!r}')
-  adam = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+  if weight_decay < 0:
+    raise errors.ConfigError(f'train.weight_decay must be >= 0 (0 is the paper\'s Adam), got {weight_decay!r}')
+  if weight_decay > 0:
+    matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+    adam = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=matrices)
+  else:
+    adam = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
   if grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)
   return adam
