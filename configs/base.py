@@ -40,6 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
       d_v=64,
       dropout_rate=0.1,               # §5.4 P_drop.
       attention_dropout_rate=0.0,     # Not in the paper; kept for ablations.
+      activation_dropout_rate=0.0,    # Of the feed-forward's d_ff activations (t2t's relu_dropout); not in the paper.
       position_embedding='sinusoidal',  # §3.5; 'learned' is Table 3 row E; 'rope': rotary (Su et al., 2021).
       layer_norm_position='post',     # §3.1: LayerNorm(x + Sublayer(x)); 'pre' (Xiong et al., 2020) adds a final norm.
       scale_embeddings=True,          # §3.4: multiply embeddings by sqrt(d_model).

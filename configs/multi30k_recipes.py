@@ -65,6 +65,11 @@ ROWS = {
     # lrate x 0.1 x theta off every matrix. The learning rates of 8,000 steps sum to 4.65, so a matrix without
     # gradient would shrink to exp(-0.465) = 0.63 of itself. Same FLOPs.
     'weight_decay': {'train.weight_decay': 0.1},
+    # Dropout 0.1 on the feed-forward's d_ff activations as well (tensor2tensor's relu_dropout in its base
+    # settings, fairseq's --activation-dropout): it regularises the sub-layer that holds 2/3 of an encoder layer's
+    # weights and half of a decoder layer's, where P_drop 0.25 on every sub-layer's output did worse
+    # (docs/multi30k_recipes.md, recipe 6). Same FLOPs.
+    'activation_dropout': {'model.activation_dropout_rate': 0.1},
 }
 NOTES = {
     'paper': 'configs/multi30k.py', 'modern': 'rotary positions (configs/multi30k_modern.py)',
@@ -75,6 +80,7 @@ NOTES = {
     'warmup800': 'warm-up 800 steps (peak 1.1e-3)', 'fp32_attention': 'attention products in float32',
     'lowercase': 'lowercased text (case-folded vocabulary); compare lc-tok BLEU only',
     'weight_decay': 'AdamW, weight decay 0.1 on matrices',
+    'activation_dropout': 'dropout 0.1 on the d_ff activations',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
 REFERENCE = 'paper'  # The row the report compares every candidate with (its Δ columns).
@@ -89,7 +95,7 @@ _SOURCES = {
     'modern': 'Su et al., 2021', 'batch4096': '§5.1', 'batch8192': '§5.1', 'tiny': 'Wu et al., 2021',
     'deep4': 'Table 3 row C', 'vocab10k': 'Wu et al., 2021', 'lr_high': '§5.3', 'warmup800': '§5.3',
     'fp32_attention': 'float32 products, as before 2026-12-02', 'lowercase': 'the Multi30k literature',
-    'weight_decay': 'Loshchilov & Hutter, 2019',
+    'weight_decay': 'Loshchilov & Hutter, 2019', 'activation_dropout': 'tensor2tensor, relu_dropout',
 }
 _NOT_COMPARABLE = {'vocab10k': ('dev_perplexity',), 'lowercase': ('dev_bleu', 'dev_perplexity')}
 

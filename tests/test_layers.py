@@ -62,6 +62,23 @@ def test_feed_forward_shape_and_relu():
   assert not np.allclose(out, hidden @ w2 + b2, atol=1e-3)
 
 
+def test_feed_forward_activation_dropout_drops_d_ff_activations_only_in_training():
+  """dropout_rate acts on max(0, x W1 + b1), before W2: with W2 = I each output is that activation, zeroed or
+  divided by 1 - rate; deterministic (evaluation, decoding) leaves Eq. 2 as it is."""
+  d, rate = 64, 0.25
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 32, d)), jnp.float32)
+  module = layers.FeedForward(d, dropout_rate=rate)
+  params = nn.unbox(module.init(jax.random.key(0), x))['params']
+  params['w2'], params['b2'] = jnp.eye(d), jnp.zeros(d)
+  hidden = np.maximum(np.asarray(x) @ np.asarray(params['w1']) + np.asarray(params['b1']), 0.0)
+  np.testing.assert_allclose(module.apply({'params': params}, x, True), hidden, rtol=1e-5, atol=1e-6)
+  out = np.asarray(module.apply({'params': params}, x, False, rngs={'dropout': jax.random.key(1)}))
+  kept = out != 0
+  np.testing.assert_allclose(out[kept], hidden[kept] / (1 - rate), rtol=1e-5)
+  dropped = 1 - kept[hidden > 0].mean()
+  assert abs(dropped - rate) < 0.02, dropped  # ~4,000 positive activations: σ of the fraction ~0.007.
+
+
 def test_feed_forward_bfloat16_compute_keeps_float32_params():
   x = jnp.ones((1, 2, 4), jnp.bfloat16)
   module = layers.FeedForward(8, dtype=jnp.bfloat16)

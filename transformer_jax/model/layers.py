@@ -113,13 +113,16 @@ class FeedForward(nn.Module):
   kind 'relu': FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); 'gelu': the same with GELU. The gated variants of
   Shazeer (2020), without biases: 'swiglu': (Swish(x W1) * x V) W2, 'geglu': (GELU(x W1) * x V) W2. A gated
   FFN has three d_model x d_ff matrices: d_ff = 2/3 of the paper's keeps its parameter count.
+  dropout_rate drops the [batch, length, d_ff] activations before W2 (not in the paper: tensor2tensor's
+  relu_dropout, fairseq's activation dropout); 0 draws no random numbers.
   """
   d_ff: int
   dtype: Any = jnp.float32
   kind: str = 'relu'
+  dropout_rate: float = 0.0
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
     d_model = x.shape[-1]
     param = lambda name, init, shape, axes: self.param(name, nn.with_logical_partitioning(init, axes), shape)
     w1 = param('w1', numerics.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
@@ -138,7 +141,8 @@ class FeedForward(nn.Module):
       hidden = activation(hidden) * numerics.einsum('blm,mf->blf', x, v.astype(self.dtype), jnp.float32)
     else:
       hidden = activation(hidden + b1[None, None, :])
-    hidden = nn.with_logical_constraint(hidden.astype(self.dtype), (sharding.BATCH, sharding.LENGTH, sharding.MLP))
+    hidden = numerics.Dropout(self.dropout_rate)(hidden.astype(self.dtype), deterministic)
+    hidden = nn.with_logical_constraint(hidden, (sharding.BATCH, sharding.LENGTH, sharding.MLP))
     output = numerics.einsum('blf,fm->blm', hidden, w2.astype(self.dtype), jnp.float32)
     if not gated:
       b2 = param('b2', nn.initializers.zeros, (d_model,), (sharding.EMBED,))
@@ -174,6 +178,7 @@ class _Layer(nn.Module):
   dropout_rate: float
   attention_dropout_rate: float
   layer_norm_position: str
+  activation_dropout_rate: float = 0.0
   dtype: Any = jnp.float32
   attention_impl: str = 'xla'
   norm: str = 'layer_norm'
@@ -194,8 +199,11 @@ class _Layer(nn.Module):
         position_transform=apply_rope if self.rope and not cross_attention else None,
         product_dtype=self.attention_product_dtype, name=name)
 
-  def make_feed_forward(self) -> FeedForward:
-    return FeedForward(self.d_ff, self.dtype, self.feed_forward, name='feed_forward')
+  def make_feed_forward(self, deterministic: bool):
+    """The feed-forward sub-layer as a function of x, for `Residual`."""
+    feed_forward = FeedForward(self.d_ff, self.dtype, self.feed_forward, self.activation_dropout_rate,
+                               name='feed_forward')
+    return lambda y: feed_forward(y, deterministic)
 
 
 class EncoderLayer(_Layer):
@@ -210,7 +218,7 @@ class EncoderLayer(_Layer):
     x = residual('self_attention_residual')(
         x, lambda y: attend(y, y, mask, deterministic=deterministic, positions=positions),
         deterministic=deterministic)
-    x = residual('feed_forward_residual')(x, self.make_feed_forward(), deterministic=deterministic)
+    x = residual('feed_forward_residual')(x, self.make_feed_forward(deterministic), deterministic=deterministic)
     return nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))
 
 
@@ -243,5 +251,5 @@ class DecoderLayer(_Layer):
     x = residual('encoder_decoder_attention_residual')(
         x, lambda y: cross_attend(y, memory, memory_mask, deterministic=deterministic, use_cache=use_cache),
         deterministic=deterministic)
-    x = residual('feed_forward_residual')(x, self.make_feed_forward(), deterministic=deterministic)
+    x = residual('feed_forward_residual')(x, self.make_feed_forward(deterministic), deterministic=deterministic)
     return nn.with_logical_constraint(x, (sharding.BATCH, sharding.LENGTH, sharding.EMBED))

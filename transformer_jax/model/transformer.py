@@ -49,6 +49,7 @@ class ModelConfig:
   d_v: int = 64
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
+  activation_dropout_rate: float = 0.0  # Of the feed-forward's d_ff activations; not in the paper.
   position_embedding: PositionEmbedding = 'sinusoidal'
   layer_norm_position: LayerNormPosition = 'post'
   scale_embeddings: bool = True
@@ -73,7 +74,7 @@ class ModelConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f'model.{name} must be a positive integer, got {value!r}')
-    for name in ('dropout_rate', 'attention_dropout_rate'):
+    for name in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):
       value = getattr(self, name)
       if not 0.0 <= value < 1.0:
         raise ValueError(f'model.{name} must be in [0, 1), got {value!r}')
@@ -162,6 +163,7 @@ class Embedder(nn.Module):
 def _layer_kwargs(cfg: ModelConfig) -> dict[str, Any]:
   return dict(d_ff=cfg.d_ff, num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v,
               dropout_rate=cfg.dropout_rate, attention_dropout_rate=cfg.attention_dropout_rate,
+              activation_dropout_rate=cfg.activation_dropout_rate,
               layer_norm_position=cfg.layer_norm_position, dtype=cfg.compute_dtype,
               attention_impl=cfg.attention_impl, norm=cfg.norm, feed_forward=cfg.feed_forward,
               num_kv_heads=cfg.num_kv_heads, rope=cfg.position_embedding == 'rope',

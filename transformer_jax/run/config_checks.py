@@ -205,8 +205,8 @@ _EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'export.', 'tra
                       'data.eval_files', 'data.test_files', 'data.tokens_per_batch', 'model.dtype',
                       'model.attention_impl', 'model.attention_product_dtype', 'model.decoding_kernel')
 # Model and data fields that act in training only: a config file's values (today's recipe, say) are not an error.
-_TRAINING_ONLY_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', 'model.remat',
-                         'data.bpe_dropout_rate')
+_TRAINING_ONLY_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', 'model.activation_dropout_rate',
+                         'model.remat', 'data.bpe_dropout_rate')
 
 
 def config_for_mode(config, workdir: str, mode: str):

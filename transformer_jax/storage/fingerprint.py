@@ -118,7 +118,8 @@ def require_vocabulary(config, workdir: str) -> None:
 
 # ModelConfig fields added after checkpoints existed: left out of the fingerprint at their defaults, so that
 # those checkpoints (whose fingerprints lack them) still resume and evaluate.
-_FIELDS_ADDED_LATER = {'norm': 'layer_norm', 'feed_forward': 'relu', 'num_kv_heads': None}
+_FIELDS_ADDED_LATER = {'norm': 'layer_norm', 'feed_forward': 'relu', 'num_kv_heads': None,
+                       'activation_dropout_rate': 0.0}
 
 
 def _fingerprint(config, model_cfg: model_lib.ModelConfig) -> dict:
