@@ -60,9 +60,9 @@ ROWS = {
     # tokenised release): SentencePiece's case-folding rule, so the 8,000 pieces cover lowercased words only and
     # the output is lowercase. Only the literature's lowercased BLEU (lc-tok) is comparable; cased sacreBLEU is not.
     'lowercase': {'data.tokenizer_normalization': 'nmt_nfkc_cf'},
-    # Decoupled weight decay (AdamW, Loshchilov & Hutter, 2019) against the main job's overfitting (with packing,
-    # validation perplexity is lowest near 6,000 steps: docs/multi30k_recipes.md, recipe 5): each update also takes
-    # lrate x 0.1 x theta off every matrix. The learning rates of 8,000 steps sum to 4.65, so a matrix without
+    # Decoupled weight decay (AdamW, Loshchilov & Hutter, 2019): the main job's validation perplexity flattens from
+    # 6,000 steps on (docs/multi30k_recipes.md), and more dropout or label smoothing cost BLEU. Each update also
+    # takes lrate x 0.1 x theta off every matrix. The learning rates of 8,000 steps sum to 4.65, so a matrix without
     # gradient would shrink to exp(-0.465) = 0.63 of itself. Same FLOPs.
     'weight_decay': {'train.weight_decay': 0.1},
     # Dropout 0.1 on the feed-forward's d_ff activations as well (tensor2tensor's relu_dropout in its base

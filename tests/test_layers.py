@@ -50,10 +50,10 @@ def test_feed_forward_shape_and_relu():
   d_model, d_ff = 6, 16
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, d_model)), jnp.float32)
   module = layers.FeedForward(d_ff)
-  params = nn.unbox(module.init(jax.random.key(0), x))['params']
+  params = nn.unbox(module.init(jax.random.key(0), x, deterministic=True))['params']
   params['b1'] = jnp.linspace(-1.0, 1.0, d_ff)  # Non-zero biases, so b1 and b2 are exercised.
   params['b2'] = jnp.linspace(-0.5, 0.5, d_model)
-  out = module.apply({'params': params}, x)
+  out = module.apply({'params': params}, x, deterministic=True)
   assert out.shape == x.shape and out.dtype == jnp.float32
   w1, b1, w2, b2 = (np.asarray(params[name]) for name in ('w1', 'b1', 'w2', 'b2'))
   hidden = np.asarray(x) @ w1 + b1
@@ -63,28 +63,38 @@ def test_feed_forward_shape_and_relu():
 
 
 def test_feed_forward_activation_dropout_drops_d_ff_activations_only_in_training():
-  """dropout_rate acts on max(0, x W1 + b1), before W2: with W2 = I each output is that activation, zeroed or
-  divided by 1 - rate; deterministic (evaluation, decoding) leaves Eq. 2 as it is."""
+  """activation_dropout_rate acts on max(0, x W1 + b1), before W2. With d_ff = 2 d_model and W2 = [I; I], output i
+  is h_i m_i + h_(i+d) m_(i+d) over the kept-or-dropped mask m: where one of a pair was dropped and the other kept,
+  the output is that one activation divided by 1 - rate, which dropout of the output (after W2) cannot give.
+  deterministic (evaluation, decoding) leaves Eq. 2 as it is."""
   d, rate = 64, 0.25
   x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 32, d)), jnp.float32)
-  module = layers.FeedForward(d, dropout_rate=rate)
-  params = nn.unbox(module.init(jax.random.key(0), x))['params']
-  params['w2'], params['b2'] = jnp.eye(d), jnp.zeros(d)
+  module = layers.FeedForward(2 * d, activation_dropout_rate=rate)
+  params = nn.unbox(module.init(jax.random.key(0), x, deterministic=True))['params']
+  params['w2'], params['b2'] = jnp.concatenate([jnp.eye(d), jnp.eye(d)]), jnp.zeros(d)
   hidden = np.maximum(np.asarray(x) @ np.asarray(params['w1']) + np.asarray(params['b1']), 0.0)
-  np.testing.assert_allclose(module.apply({'params': params}, x, True), hidden, rtol=1e-5, atol=1e-6)
-  out = np.asarray(module.apply({'params': params}, x, False, rngs={'dropout': jax.random.key(1)}))
-  kept = out != 0
-  np.testing.assert_allclose(out[kept], hidden[kept] / (1 - rate), rtol=1e-5)
-  dropped = 1 - kept[hidden > 0].mean()
-  assert abs(dropped - rate) < 0.02, dropped  # ~4,000 positive activations: σ of the fraction ~0.007.
+  first, second = hidden[..., :d], hidden[..., d:]
+  evaluated = module.apply({'params': params}, x, deterministic=True)
+  np.testing.assert_allclose(evaluated, first + second, rtol=1e-5, atol=1e-5)
+  out = np.asarray(module.apply({'params': params}, x, deterministic=False, rngs={'dropout': jax.random.key(1)}))
+  # Each pair's four outcomes, scaled by 1 / (1 - rate); the closest one names the mask of that pair.
+  outcomes = np.stack([0 * first, first, second, first + second], -1) / (1 - rate)
+  pattern = np.abs(out[..., None] - outcomes).argmin(-1)
+  np.testing.assert_allclose(out, np.take_along_axis(outcomes, pattern[..., None], -1)[..., 0], rtol=1e-4,
+                             atol=1e-5)
+  both_positive = (first > 0.1) & (second > 0.1)  # Pairs whose four outcomes differ clearly.
+  assert np.isin(pattern[both_positive], [1, 2]).mean() > 0.25  # Exactly one of the pair dropped: 2 r (1 - r).
+  dropped = 1 - np.concatenate([np.isin(pattern, [1, 3]), np.isin(pattern, [2, 3])])[
+      np.concatenate([both_positive, both_positive])].mean()
+  assert abs(dropped - rate) < 0.03, dropped
 
 
 def test_feed_forward_bfloat16_compute_keeps_float32_params():
   x = jnp.ones((1, 2, 4), jnp.bfloat16)
   module = layers.FeedForward(8, dtype=jnp.bfloat16)
-  params = module.init(jax.random.key(0), x)
+  params = module.init(jax.random.key(0), x, deterministic=True)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.unbox(params)))
-  assert module.apply(params, x).dtype == jnp.bfloat16
+  assert module.apply(params, x, deterministic=True).dtype == jnp.bfloat16
 
 
 @pytest.mark.integration
@@ -95,12 +105,13 @@ def test_feed_forward_bfloat16_bias_gradients_are_float32_sums():
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(4, 512, 16)), jnp.float32)
   cotangent = jnp.asarray(rng.normal(size=(4, 512, 16)), jnp.float32)
-  params = nn.unbox(layers.FeedForward(64).init(jax.random.key(0), x))['params']
+  params = nn.unbox(layers.FeedForward(64).init(jax.random.key(0), x, deterministic=True))['params']
   params['b1'] = jnp.full((64,), 0.1)
 
   def grads(dtype):
     module = layers.FeedForward(64, dtype=dtype)
-    loss = lambda p: jnp.sum(module.apply({'params': p}, x.astype(dtype)).astype(jnp.float32) * cotangent)
+    apply = lambda p: module.apply({'params': p}, x.astype(dtype), deterministic=True).astype(jnp.float32)
+    loss = lambda p: jnp.sum(apply(p) * cotangent)
     return jax.grad(loss)(params)
 
   got, want = grads(jnp.bfloat16), grads(jnp.float32)

@@ -183,6 +183,7 @@ def test_fully_padded_row_has_finite_loss_and_gradients():
     ('max_length', True, 'model.max_length must be a positive integer, got True'),
     ('dropout_rate', 1.5, r'model.dropout_rate must be in \[0, 1\), got 1.5'),
     ('attention_dropout_rate', -0.1, r'model.attention_dropout_rate must be in \[0, 1\)'),
+    ('activation_dropout_rate', 1.0, r'model.activation_dropout_rate must be in \[0, 1\), got 1.0'),
     ('position_embedding', 'rotary',
      r"model.position_embedding must be one of \('sinusoidal', 'learned', 'rope', 'none'\), got 'rotary'"),
     ('norm', 'batch_norm', r"model.norm must be one of \('layer_norm', 'rms_norm'\), got 'batch_norm'"),

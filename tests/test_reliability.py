@@ -240,6 +240,10 @@ def test_nonfinite_loss_is_skipped_with_on_nonfinite_skip(monkeypatch, tmp_path,
     ('eval', 'average_last_n', 3, r'eval\.average_last_n must be in \[1, train\.max_checkpoints_to_keep=2\], got 3'),
     ('data', 'shuffle_seed', -1, r'data\.shuffle_seed must be an integer in \[0, 2\*\*32\), got -1'),
     ('decode', 'alpha', float('inf'), r'decode\.alpha must be a finite number >= 0, got inf'),
+    ('train', 'weight_decay', -0.1,
+     r"train\.weight_decay must be a finite number >= 0 \(0: the paper's Adam\), got -0\.1"),
+    ('train', 'weight_decay', float('inf'), r'train\.weight_decay must be a finite number >= 0 .*got inf'),
+    ('model', 'activation_dropout_rate', 1.0, r'model\.activation_dropout_rate must be in \[0, 1\), got 1\.0'),
 ])
 def test_bad_config_value_fails_before_anything_is_written(tmp_path, corpus, section, key, value, match):
   config = text_config(corpus)
@@ -561,6 +565,21 @@ def test_failed_rerun_leaves_the_config_and_a_resume_records_its_changes(tmp_pat
       (NUM_STEPS + 1, {'train.num_train_steps': [NUM_STEPS, NUM_STEPS + 2], 'train.label_smoothing': [0.1, 0.3]})]
   run_config = workdir_lib.get_config(str(workdir))  # What --mode=evaluate and the notebook read.
   assert (run_config.train.num_train_steps, run_config.train.label_smoothing) == (NUM_STEPS + 2, 0.3)
+
+
+def test_resume_refuses_another_optimizer_state_before_writing(tmp_path, corpus, reference_run):
+  """Weight decay switched on for a run trained with Adam: its checkpoints hold no AdamW state, so the start
+  stops naming train.weight_decay (not as a damaged checkpoint), and the run folder is left as it was."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_run.workdir, workdir)
+  before = {path: path.stat().st_mtime_ns for path in workdir.rglob('*')}
+  config = text_config(corpus, weight_decay=0.1)
+  config.train.num_train_steps = NUM_STEPS + 2
+  with pytest.raises(ValueError, match=rf'train\.weight_decay=0\.1 cannot resume the run in {re.escape(str(workdir))}, '
+                                       r"trained with train\.weight_decay=0\.0 .*0: the paper's Adam"):
+    train.train_and_evaluate(config, str(workdir))
+  assert {path: path.stat().st_mtime_ns for path in workdir.rglob('*')} == before
+  assert checkpoint_steps(workdir) == checkpoint_steps(reference_run.workdir)
 
 
 def test_byte_order_mark_is_not_part_of_the_first_line(tmp_path):

@@ -101,9 +101,9 @@ def test_feed_forward_variants_match_numpy(kind):
   rng = np.random.default_rng(0)
   x = rng.normal(size=(2, 3, 8)).astype(np.float32)
   ffn = layers.FeedForward(d_ff=12, kind=kind)
-  abstract = nn.unbox(jax.eval_shape(ffn.init, jax.random.key(0), x)['params'])
+  abstract = nn.unbox(jax.eval_shape(functools.partial(ffn.init, deterministic=True), jax.random.key(0), x)['params'])
   params = jax.tree.map(lambda p: rng.normal(0.0, 0.5, p.shape).astype(np.float32), abstract)
-  output = np.asarray(ffn.apply({'params': params}, x))
+  output = np.asarray(ffn.apply({'params': params}, x, deterministic=True))
   gelu = lambda z: 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))  # flax's approximation.
   swish = lambda z: z / (1 + np.exp(-z))
   if kind == 'gelu':
@@ -119,7 +119,8 @@ def test_feed_forward_variants_match_numpy(kind):
 def test_gated_feed_forward_at_two_thirds_d_ff_keeps_the_parameter_count():
   d_model, d_ff = 512, 2048
   count = lambda kind, width: summary.count_params(jax.eval_shape(
-      layers.FeedForward(width, kind=kind).init, jax.random.key(0), jnp.zeros((1, 1, d_model)))['params'])
+      functools.partial(layers.FeedForward(width, kind=kind).init, deterministic=True), jax.random.key(0),
+      jnp.zeros((1, 1, d_model)))['params'])
   paper = count('relu', d_ff)
   assert paper == 2 * d_model * d_ff + d_ff + d_model
   gated = count('swiglu', d_ff * 2 // 3)

@@ -1,7 +1,7 @@
 """Feed-forward networks (§3.3), positional encodings (§3.5), normalisation and the encoder and decoder
 layers (§3.1); with the later variants ModelConfig offers (RMSNorm, gated feed-forward, rotary positions).
 """
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -113,16 +113,19 @@ class FeedForward(nn.Module):
   kind 'relu': FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); 'gelu': the same with GELU. The gated variants of
   Shazeer (2020), without biases: 'swiglu': (Swish(x W1) * x V) W2, 'geglu': (GELU(x W1) * x V) W2. A gated
   FFN has three d_model x d_ff matrices: d_ff = 2/3 of the paper's keeps its parameter count.
-  dropout_rate drops the [batch, length, d_ff] activations before W2 (not in the paper: tensor2tensor's
-  relu_dropout, fairseq's activation dropout); 0 draws no random numbers.
+  activation_dropout_rate drops the [batch, length, d_ff] input of W2 in training (the activations; for the gated
+  kinds, their product with x V): not in the paper, tensor2tensor's relu_dropout and fairseq's activation
+  dropout. 0 draws no random numbers.
   """
   d_ff: int
   dtype: Any = jnp.float32
   kind: str = 'relu'
-  dropout_rate: float = 0.0
+  activation_dropout_rate: float = 0.0
 
   @nn.compact
-  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    """x: [batch, length, d_model] in any float dtype; deterministic: no dropout (evaluation, decoding).
+    Returns [batch, length, d_model] in the module's dtype."""
     d_model = x.shape[-1]
     param = lambda name, init, shape, axes: self.param(name, nn.with_logical_partitioning(init, axes), shape)
     w1 = param('w1', numerics.default_kernel_init(), (d_model, self.d_ff), (sharding.EMBED, sharding.MLP))
@@ -141,7 +144,7 @@ class FeedForward(nn.Module):
       hidden = activation(hidden) * numerics.einsum('blm,mf->blf', x, v.astype(self.dtype), jnp.float32)
     else:
       hidden = activation(hidden + b1[None, None, :])
-    hidden = numerics.Dropout(self.dropout_rate)(hidden.astype(self.dtype), deterministic)
+    hidden = numerics.Dropout(self.activation_dropout_rate)(hidden.astype(self.dtype), deterministic)
     hidden = nn.with_logical_constraint(hidden, (sharding.BATCH, sharding.LENGTH, sharding.MLP))
     output = numerics.einsum('blf,fm->blm', hidden, w2.astype(self.dtype), jnp.float32)
     if not gated:
@@ -199,11 +202,11 @@ class _Layer(nn.Module):
         position_transform=apply_rope if self.rope and not cross_attention else None,
         product_dtype=self.attention_product_dtype, name=name)
 
-  def make_feed_forward(self, deterministic: bool):
+  def make_feed_forward(self, deterministic: bool) -> Callable[[Array], Array]:
     """The feed-forward sub-layer as a function of x, for `Residual`."""
     feed_forward = FeedForward(self.d_ff, self.dtype, self.feed_forward, self.activation_dropout_rate,
                                name='feed_forward')
-    return lambda y: feed_forward(y, deterministic)
+    return lambda y: feed_forward(y, deterministic=deterministic)
 
 
 class EncoderLayer(_Layer):

@@ -1,6 +1,7 @@
 """Configuration checks, in one place: every config value at start-up (`validate_config`), the input files a
 run reads (`check_data_files`), and the config --mode=evaluate/translate/tune_decoding/export run with
-(`config_for_mode`: the stored run's, changed only where decoding or evaluation may change).
+(`config_for_mode`: the stored run's, changed only where decoding or evaluation may change), and what a resumed
+training run may not change (`check_resumable_optimizer`).
 
 Everything here reads and raises; nothing writes. `experiment.setup` calls these before a byte is written.
 What they raise is an `errors.UserError` naming the key or path: `main` prints it as one line.
@@ -207,6 +208,36 @@ _EVALUATION_FIELDS = ('decode.', 'eval.', 'mesh.', 'benchmark.', 'export.', 'tra
 # Model and data fields that act in training only: a config file's values (today's recipe, say) are not an error.
 _TRAINING_ONLY_FIELDS = ('model.dropout_rate', 'model.attention_dropout_rate', 'model.activation_dropout_rate',
                          'model.remat', 'data.bpe_dropout_rate')
+
+
+# train.* fields that add a node to the optimiser's state when above 0 (optax's masked decay, the clipping's
+# state): a run's checkpoints restore only into the layout they were saved with.
+_OPTIMIZER_LAYOUT_FIELDS = {'weight_decay': "0: the paper's Adam; above 0: AdamW",
+                            'grad_clip_norm': '0: no clipping; above 0: clipping first'}
+
+
+def check_resumable_optimizer(config, workdir: str) -> None:
+  """A training run resumed from its checkpoints keeps its optimiser's state layout: train.weight_decay and
+  train.grad_clip_norm may change value (recorded as config changes), not go from 0 to above 0 or back.
+
+  Reads `<workdir>/config.json` (as `workdir.load_run_config` resolves it) where the workdir holds a committed
+  checkpoint; a fresh workdir passes. Writes nothing.
+
+  Raises:
+    errors.ConfigError: naming the field, the run's value and this config's.
+  """
+  if not checkpoint_checks.committed_steps(workdir_lib.path(workdir, workdir_lib.CHECKPOINTS)):
+    return
+  stored_path = workdir_lib.path(workdir, workdir_lib.CONFIG)
+  if not epath.Path(stored_path).is_file():
+    return  # Checkpoints without a config.json: the fingerprint check names what the run holds.
+  stored = workdir_lib.load_run_config(workdir).train
+  for name, meaning in _OPTIMIZER_LAYOUT_FIELDS.items():
+    if (stored[name] > 0) != (config.train[name] > 0):
+      raise errors.ConfigError(
+          f'train.{name}={config.train[name]!r} cannot resume the run in {workdir}, trained with '
+          f'train.{name}={stored[name]!r} ({stored_path}; {meaning}): its checkpoints hold another optimiser state. '
+          f'Resume with a value {"above 0" if stored[name] > 0 else "of 0"}, or use a new workdir.')
 
 
 def config_for_mode(config, workdir: str, mode: str):

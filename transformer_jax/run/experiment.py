@@ -88,6 +88,8 @@ def setup(config, workdir: str, data_splits=(), lock: str | None = None) -> Setu
   built = compute_setup(config)
   model_cfg = built.model.cfg
   config_checks.check_data_files(config.data, data_splits)
+  if lock == 'train':
+    config_checks.check_resumable_optimizer(config, workdir)
   if data_splits:
     input_pipeline.prepare_dataset(config.data)  # A failed download leaves no workdir behind.
   new_paths = [path for path in (epath.Path(workdir) / workdir_lib.LOCK, epath.Path(workdir) / 'best_checkpoints',

@@ -1,4 +1,8 @@
-"""The optimiser of §5.3: Adam(β1=0.9, β2=0.98, ε=1e-9) with the warm-up / inverse-square-root schedule."""
+"""The optimiser of §5.3: Adam(β1=0.9, β2=0.98, ε=1e-9) with the warm-up / inverse-square-root schedule.
+
+Beside the paper's: global-norm clipping (train.grad_clip_norm) and decoupled weight decay (train.weight_decay,
+AdamW), both off by default.
+"""
 import jax
 import jax.numpy as jnp
 import optax

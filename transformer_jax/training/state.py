@@ -25,7 +25,7 @@ class TrainState:
   Attributes:
     step: int32 scalar, number of updates applied.
     params: float32 parameter tree.
-    opt_state: Adam moments and count.
+    opt_state: the optimiser's state (`optim.make_optimizer`: Adam's moments and count).
     rng: uint32 [2] raw PRNG key data; dropout at step s uses fold_in(rng, s).
   """
   step: Array
