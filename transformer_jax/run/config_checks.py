@@ -165,11 +165,12 @@ def _validate_data(data_cfg) -> None:
 
 
 def check_data_files(data_config, splits) -> None:
-  """Fails early when the input files of `splits` are not where the config says (nothing is read).
+  """Fails early when the input files of `splits` are not where the config says.
 
   dataset='text': `data.{train,eval,test}_files` must each name two existing files; dataset='multi30k' with a
   manual_dir: the folder must hold the files of the language pair; dataset='treebank': every tree of the splits
-  is read (`treebank.split_trees`, cached), so that an unreadable tree stops the run before anything is written. TFDS datasets are checked by TFDS when loaded.
+  is read (`treebank.split_trees`, cached), so that an unreadable tree stops the run before anything is written.
+  TFDS datasets are checked by TFDS when loaded.
 
   Args:
     data_config: `config.data`.
