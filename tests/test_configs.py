@@ -222,3 +222,17 @@ def test_multi30k_recipes_train_within_the_main_jobs_compute(recipe):
   assert main_job == pytest.approx(RECIPES.BUDGET_FLOPS, rel=1e-4)
   assert 0.97 * main_job <= train_flops(load('multi30k_recipes.py', recipe)) <= 1.01 * main_job
   assert set(RECIPES.NOTES) == set(RECIPES.ROWS)
+
+
+def test_multi30k_recipes_keep_the_adam_they_were_measured_with():
+  """The recipes start from the main job as they were measured against it, with Adam (no weight decay): `paper`
+  is configs/multi30k.py but for train.weight_decay 0, and `weight_decay3` (AdamW, λ 0.3) is configs/multi30k.py
+  itself, the main job since 2026-12-06. configs/multi30k_modern.py is `modern`, rotary positions with Adam."""
+  main_job = load('multi30k.py', None).to_dict()
+  paper = load('multi30k_recipes.py', 'paper').to_dict()
+  assert main_job['train']['weight_decay'] == 0.3 and paper['train']['weight_decay'] == 0.0
+  paper['train']['weight_decay'] = 0.3
+  assert paper == main_job
+  assert load('multi30k_recipes.py', 'weight_decay3').to_dict() == main_job
+  assert load('multi30k_recipes.py', 'lr_high').train.weight_decay == 0.0
+  assert load('multi30k_recipes.py', 'modern').to_dict() == load('multi30k_modern.py', None).to_dict()
