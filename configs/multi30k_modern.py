@@ -10,7 +10,8 @@ quality there or made no measurable difference (pre-LN, RMSNorm, SwiGLU, GeGLU, 
 attention), so they are left out until seeds say otherwise. Same data, schedule, steps and compute as the main
 job (RoPE adds no matrix products); docs/multi30k_recipes.md compares the two over seeds. Its optimiser is Adam
 without weight decay, the main job's until 2026-12-06, as its three seeds were measured: the main job's AdamW (λ
-0.3) together with rotary positions has not been measured yet.
+0.3) with rotary positions is `configs/multi30k_recipes.py:modern_weight_decay3`, measured in
+docs/multi30k_recipes.md.
 """
 from configs import multi30k
 
