@@ -4,8 +4,8 @@ Configs are loaded as ml_collections' config_flags loads them: the file is impor
 get_config() (or get_config(row) for `file.py:row`) is called. Parameters are built under jax.eval_shape.
 """
 import functools
-import json
 import importlib.util
+import json
 import pathlib
 import sys
 
@@ -15,6 +15,7 @@ from ml_collections import config_flags
 import pytest
 
 from transformer_jax.model import transformer as model_lib
+from transformer_jax.tools import report
 from transformer_jax.tools import summary
 from transformer_jax.run import config_checks
 from transformer_jax.training import flops
@@ -253,7 +254,7 @@ def test_multi30k_recipes_still_describe_their_archived_runs(run_config):
   """Each recipe of configs/multi30k_recipes.py is the config its archived runs trained with, so that a change
   of configs/multi30k.py (AdamW's weight decay on 2026-12-06) cannot silently change a measured row."""
   archived = json.loads(run_config.read_text())
-  recipe = load('multi30k_recipes.py', run_config.parent.name.split('.seed')[0]).to_dict()
+  recipe = load('multi30k_recipes.py', run_config.parent.name.split(report.SEED_SUFFIX)[0]).to_dict()
   for section in ('model', 'data', 'train', 'eval', 'decode'):
     for field, value in recipe[section].items():
       if (section, field) in _RUN_ONLY_FIELDS:
