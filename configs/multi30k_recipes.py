@@ -125,8 +125,8 @@ ROWS = {
     # main job's rate too low under the decay? Same FLOPs.
     'weight_decay3_lr_high': {'train.weight_decay': 0.3 / 2 ** 0.5, 'train.learning_rate_scale': 0.5 * 2 ** 0.5},
     # Further along the same axis: §5.3's learning rate doubled (peak 3.1e-3), λ halved (0.15) to keep the dose.
-    # At the rate x 1/sqrt 2, 1 and sqrt 2, validation BLEU read 40.64 (one seed), 41.48 ± 0.11 (three) and 41.63
-    # (one seed): does it keep rising with the rate, or has it levelled off? Same FLOPs.
+    # When this row was added, validation BLEU read 40.64 (one seed), 41.48 ± 0.11 (three) and 41.63 (one seed) at
+    # the rate x 1/sqrt 2, 1 and sqrt 2: does it keep rising with the rate, or has it levelled off? Same FLOPs.
     'weight_decay3_lr2x': {'train.weight_decay': 0.3 / 2, 'train.learning_rate_scale': 0.5 * 2},
 }
 NOTES = {
