@@ -129,7 +129,7 @@ ROWS = {
     # the rate x 1/sqrt 2, 1 and sqrt 2: does it keep rising with the rate, or has it levelled off? Same FLOPs.
     'weight_decay3_lr2x': {'train.weight_decay': 0.3 / 2, 'train.learning_rate_scale': 0.5 * 2},
     # Between the main job's λ 0.3 and weight_decay10's 1.0 on the decay axis. Validation perplexity fell from 4.80 to
-    # 4.74 over that span and validation BLEU from 41.48 ± 0.11 (three seeds) to 40.95 (one seed, inside its ±1.25):
+    # 4.74 over that span and validation BLEU from 41.48 ± 0.11 (three seeds) to 40.95 (one seed, inside its ±1.2):
     # λ 0.5 asks whether the perplexity gain of a stronger pull comes before its BLEU cost. Same FLOPs.
     'weight_decay5': {'train.weight_decay': 0.5},
 }
