@@ -16,10 +16,11 @@ Seeds: `<DIR>/<row>.seed<k>` holds the same row trained with another seed (`laun
 train.seed and data.shuffle_seed = k; `<DIR>/<row>` is seed 0). A row with several finished seeds shows their
 mean ± sample standard deviation (with the count where a figure exists for fewer of its seeds, e.g. a train
 perplexity from runs without a curve), and every row's difference from the reference row (the rows file's
-REFERENCE, 'base' where it has none; configs/multi30k_recipes.py compares with 'paper') with its 95% interval
-(`findings.difference`: Welch's, or one run's standard deviation pooled within the rows that have seeds). A rows
-file's FINDINGS are tested by `findings.verdicts` (Holm-adjusted p-values, verdicts that need three seeds a side);
-`--compare_to=<earlier table3.json>` lists the verdicts that changed since that report, e.g. a round of seeds.
+REFERENCE, 'base' where it has none; configs/multi30k_recipes.py compares with 'paper'; `--reference=ROW` picks
+another) with its 95% interval (`findings.difference`: Welch's, or one run's standard deviation pooled within the
+rows that have seeds). A rows file's FINDINGS are tested by `findings.verdicts` (Holm-adjusted p-values, verdicts
+that need three seeds a side); `--compare_to=<earlier table3.json>` lists the verdicts that changed since that
+report, e.g. a round of seeds.
 
 The paper's figures (newstest2013 perplexity per word piece and BLEU, parameters) stand beside ours; the
 Spearman rank correlations of the perplexity and BLEU columns with the paper's, over the rows that have both,
@@ -273,9 +274,9 @@ def merge_seeds(records: Sequence[dict[str, Any]], seeds: Sequence[int] | None =
   return merged
 
 
-def collect(directory: str | os.PathLike[str], rows_module) -> list[dict[str, Any]]:
+def collect(directory: str | os.PathLike[str], rows_module, reference: str | None = None) -> list[dict[str, Any]]:
   """Records of every row of `rows_module`, in its order (seeds merged), then of any other workdir under
-  `directory`."""
+  `directory`; each row's difference is from `reference` (default: `reference_row(rows_module)`)."""
   directory = pathlib.Path(directory)
   names = sorted(p.name for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else []
   records, claimed = [], set()
@@ -288,7 +289,7 @@ def collect(directory: str | os.PathLike[str], rows_module) -> list[dict[str, An
                                [seed for seed, _ in seeds] or [0]))
   records += [merge_seeds([run_record(name, directory / name, '(not a row of the rows file)', None)])
               for name in names if name not in claimed]
-  findings_lib.row_differences(records, reference_row(rows_module))
+  findings_lib.row_differences(records, reference or reference_row(rows_module))
   return records
 
 
@@ -399,7 +400,7 @@ def plot_rows(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], r
 def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike[str],
                  output_dir: str | os.PathLike[str] | None = None,
                  compare_to: str | os.PathLike[str] | None = None,
-                 archive_dir: str | os.PathLike[str] | None = None) -> str:
+                 archive_dir: str | os.PathLike[str] | None = None, reference: str | None = None) -> str:
   """Writes table3.{md,csv,json,png} into output_dir (default: directory).
 
   Args:
@@ -409,6 +410,9 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
     compare_to: an earlier report's table3.json: the verdicts that differ from its are listed after the
       verdicts (`findings.verdict_changes`), and table3.json keeps them under 'changes'.
     archive_dir: also `archive` the finished runs there, before the report is written.
+    reference: the row the Δ columns and the plot compare every row with, e.g. the main job's recipe where the
+      rows file's REFERENCE is an earlier one; default the rows file's (`reference_row`). The findings keep the
+      references they name.
 
   Returns:
     The Markdown table.
@@ -416,13 +420,13 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   Raises:
     What `check_inputs` raises, before anything is written; what `archive` raises, before the report is.
   """
-  rows_module, earlier = check_inputs(directory, rows_path, compare_to)
+  rows_module, earlier = check_inputs(directory, rows_path, compare_to, reference)
   if archive_dir is not None:
     archive(directory, archive_dir)
-  records = collect(directory, rows_module)
+  reference = reference or reference_row(rows_module)
+  records = collect(directory, rows_module, reference)
   output = pathlib.Path(output_dir or directory)
   output.mkdir(parents=True, exist_ok=True)
-  reference = reference_row(rows_module)
   text = markdown(records, reference)
   results = findings_lib.verdicts(records, getattr(rows_module, 'FINDINGS', ()),
                                   getattr(rows_module, 'EQUIVALENCE_MARGINS', None))
@@ -453,9 +457,10 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
 
 
 def check_inputs(directory: str | os.PathLike[str], rows_path: str | os.PathLike[str],
-                 compare_to: str | os.PathLike[str] | None = None) -> tuple[Any, list[dict[str, Any]] | None]:
-  """Checks a report's inputs, before anything is written: the runs' directory, the rows file, and the earlier
-  report that `compare_to` names.
+                 compare_to: str | os.PathLike[str] | None = None,
+                 reference: str | None = None) -> tuple[Any, list[dict[str, Any]] | None]:
+  """Checks a report's inputs, before anything is written: the runs' directory, the rows file, the reference
+  row, and the earlier report that `compare_to` names.
 
   Returns:
     The rows module, and the earlier report's verdicts (None without `compare_to`).
@@ -463,12 +468,16 @@ def check_inputs(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   Raises:
     FileNotFoundError: if `directory` is not a directory, or the rows file does not exist.
     OSError: if `compare_to` cannot be read (missing, a directory).
-    ValueError: what `load_rows_module` refuses; for a `compare_to` that is not a table3.json with verdicts
-      (each naming the file), or `compare_to` with a rows file without FINDINGS.
+    ValueError: what `load_rows_module` refuses; for a `reference` that is not a row of the rows file; for a
+      `compare_to` that is not a table3.json with verdicts (each naming the file), or `compare_to` with a rows
+      file without FINDINGS.
   """
   if not pathlib.Path(directory).is_dir():
     raise FileNotFoundError(f'{directory} is not a directory of runs')
   rows_module = load_rows_module(rows_path)
+  if reference is not None and reference not in rows_module.ROWS:
+    raise ValueError(f'--reference={reference!r} is not a row of {rows_path}; its rows: '
+                     f'{", ".join(rows_module.ROWS)}')
   if compare_to is None:
     return rows_module, None
   if not getattr(rows_module, 'FINDINGS', ()):
@@ -535,6 +544,9 @@ _CURVE = flags.DEFINE_string('curve', None, 'Instead of the report, print this c
 _CURVE_EVERY = flags.DEFINE_integer('curve_every', 0, "With --curve: only the steps that are multiples of this.")
 _COMPARE_TO = flags.DEFINE_string('compare_to', None, "An earlier report's table3.json: list the verdicts that "
                                   'differ from it after the verdicts (e.g. a round of seeds against the last).')
+_REFERENCE = flags.DEFINE_string('reference', None, "The row the Δ columns compare every row with, instead of the "
+                                 "rows file's REFERENCE (e.g. weight_decay3, the Multi30k main job's recipe, where "
+                                 "configs/multi30k_recipes.py compares with paper); the findings keep theirs.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -543,16 +555,16 @@ def main(argv: Sequence[str]) -> None:
 
   Raises:
     app.UsageError: unless exactly one DIR is given; for --curve_every without --curve, or --curve with
-      --archive, --output_dir or --compare_to; and for what `write_report` or `curve_table` refuses.
+      --archive, --output_dir, --compare_to or --reference; and for what `write_report` or `curve_table` refuses.
   """
   if len(argv) != 2:
     raise app.UsageError('usage: python -m transformer_jax.report DIR [--rows=FILE] [--output_dir=DIR] '
-                         '[--archive=DIR] [--compare_to=JSON] [--curve=TAG [--curve_every=STEPS]]')
+                         '[--archive=DIR] [--compare_to=JSON] [--reference=ROW] [--curve=TAG [--curve_every=STEPS]]')
   if not _CURVE.value and _CURVE_EVERY.value:
     raise app.UsageError('--curve_every needs --curve')
-  if _CURVE.value and (_ARCHIVE.value or _OUTPUT_DIR.value or _COMPARE_TO.value):
-    raise app.UsageError('--curve prints a table and writes nothing: leave out --archive, --output_dir and '
-                         '--compare_to')
+  if _CURVE.value and (_ARCHIVE.value or _OUTPUT_DIR.value or _COMPARE_TO.value or _REFERENCE.value):
+    raise app.UsageError('--curve prints a table and writes nothing: leave out --archive, --output_dir, '
+                         '--compare_to and --reference')
   if _CURVE.value:
     try:
       print(curve_table(argv[1], _CURVE.value, _CURVE_EVERY.value), end='')
@@ -560,7 +572,8 @@ def main(argv: Sequence[str]) -> None:
       raise app.UsageError(str(e)) from e
     return
   try:
-    print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value, _COMPARE_TO.value, _ARCHIVE.value), end='')
+    print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value, _COMPARE_TO.value, _ARCHIVE.value,
+                       _REFERENCE.value), end='')
   except (OSError, ValueError) as e:
     raise app.UsageError(str(e)) from e
 
