@@ -159,7 +159,8 @@ NOTES = {
     'weight_decay5': 'AdamW, weight decay 0.5 on matrices',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
-REFERENCE = 'paper'  # The row the report compares every candidate with (its Δ columns).
+# The row the report compares every candidate with (its Δ columns), unless its --reference names another.
+REFERENCE = 'paper'
 
 # Each candidate was tried because it might beat the main job: 'better' than `paper` on validation BLEU and on
 # validation perplexity, one Holm family over all of them (transformer_jax.tools.findings), so that a candidate's

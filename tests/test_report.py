@@ -155,18 +155,21 @@ def test_recipes_differ_from_the_rows_files_reference_row(tmp_path):
   assert records['lr_high']['dev_perplexity_delta'] == pytest.approx(-0.1)
   assert records['paper']['dev_bleu_delta'] is None and records['modern']['dev_bleu_delta'] is None
   assert 'Δ: the row minus paper' in (tmp_path / 'table3.md').read_text()
-  # --reference: the Δ columns compare with another row (the main job's recipe today); the findings keep theirs.
+  # --reference: the Δ columns compare with another row; the findings keep the reference they name.
+  default = json.loads((tmp_path / 'table3.json').read_text())
   report.write_report(tmp_path, REPO_ROOT / 'configs' / 'multi30k_recipes.py', tmp_path / 'against_lr_high',
                       reference='lr_high')
   written = json.loads((tmp_path / 'against_lr_high' / 'table3.json').read_text())
   records = {r['row']: r for r in written['rows']}
   assert records['paper']['dev_bleu_delta'] == pytest.approx(-2.5) and records['lr_high']['dev_bleu_delta'] is None
+  assert records['paper']['dev_perplexity_delta'] == pytest.approx(0.1)
+  assert written['reference'] == 'lr_high' and default['reference'] == 'paper'
   assert 'Δ: the row minus lr_high' in (tmp_path / 'against_lr_high' / 'table3.md').read_text()
-  assert {v['reference'] for v in written['verdicts'] if v['row'] == 'lr_high'} == {'paper'}
-  with pytest.raises(ValueError, match=r"--reference='lr_hihg' is not a row of .*multi30k_recipes.py"):
+  assert written['verdicts'] == default['verdicts'] and default['verdicts']
+  with pytest.raises(ValueError, match=r"--reference: 'lr_hihg' is not one of the ROWS of .*multi30k_recipes.py"):
     report.write_report(tmp_path, REPO_ROOT / 'configs' / 'multi30k_recipes.py', tmp_path / 'typo',
-                        reference='lr_hihg')
-  assert not (tmp_path / 'typo').exists()
+                        archive_dir=tmp_path / 'typo_archive', reference='lr_hihg')
+  assert not (tmp_path / 'typo').exists() and not (tmp_path / 'typo_archive').exists()
   rows_file = tmp_path / 'configs' / 'typo.py'  # A REFERENCE that names no row is refused, not ignored.
   rows_file.parent.mkdir()
   rows_file.write_text("ROWS = {'base': {}, 'A1': {}}\nNOTES = {}\nPAPER = {}\nREFERENCE = 'bsae'\n")

@@ -289,7 +289,7 @@ def collect(directory: str | os.PathLike[str], rows_module, reference: str | Non
                                [seed for seed, _ in seeds] or [0]))
   records += [merge_seeds([run_record(name, directory / name, '(not a row of the rows file)', None)])
               for name in names if name not in claimed]
-  findings_lib.row_differences(records, reference or reference_row(rows_module))
+  findings_lib.row_differences(records, reference_row(rows_module) if reference is None else reference)
   return records
 
 
@@ -337,7 +337,8 @@ def _correlation_line(records: Sequence[dict[str, Any]], what: str, ours: str, p
 
 def markdown(records: Sequence[dict[str, Any]], reference: str = 'base') -> str:
   """Table 3's layout as a GitHub Markdown table (means ± standard deviations over seeds; each row's difference
-  from the `reference` row, `reference_row`, with its 95% interval), then the rank-correlation lines."""
+  from the `reference` row, the rows file's `reference_row` or `--reference`, with its 95% interval), then the
+  rank-correlation lines."""
   table = tabulate.tabulate([[_record_cell(r, key) for _, key in COLUMNS] for r in records],
                             headers=[header for header, _ in COLUMNS], tablefmt='github', disable_numparse=True)
   return (f'{table}\n\nΔ: the row minus {reference}, with the 95% interval of the difference.\n'
@@ -410,9 +411,9 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
     compare_to: an earlier report's table3.json: the verdicts that differ from its are listed after the
       verdicts (`findings.verdict_changes`), and table3.json keeps them under 'changes'.
     archive_dir: also `archive` the finished runs there, before the report is written.
-    reference: the row the Δ columns and the plot compare every row with, e.g. the main job's recipe where the
-      rows file's REFERENCE is an earlier one; default the rows file's (`reference_row`). The findings keep the
-      references they name.
+    reference: the row the Δ columns (table3.md, the '_delta' fields of table3.csv and table3.json, which
+      records it under 'reference') and the plot compare every row with, one of the rows file's ROWS; default
+      its REFERENCE (`reference_row`). The findings keep the references they name.
 
   Returns:
     The Markdown table.
@@ -423,7 +424,7 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   rows_module, earlier = check_inputs(directory, rows_path, compare_to, reference)
   if archive_dir is not None:
     archive(directory, archive_dir)
-  reference = reference or reference_row(rows_module)
+  reference = reference_row(rows_module) if reference is None else reference
   records = collect(directory, rows_module, reference)
   output = pathlib.Path(output_dir or directory)
   output.mkdir(parents=True, exist_ok=True)
@@ -449,7 +450,7 @@ def write_report(directory: str | os.PathLike[str], rows_path: str | os.PathLike
   (output / 'table3.md').write_text(text, encoding='utf-8')
   (output / 'table3.csv').write_text(to_csv(records), encoding='utf-8')
   (output / 'table3.json').write_text(json.dumps(
-      {'rows': records, 'verdicts': results, 'families': findings_lib.family_summary(results),
+      {'reference': reference, 'rows': records, 'verdicts': results, 'families': findings_lib.family_summary(results),
        'rank_correlations': correlations,
        **({'changes': changes} if changes is not None else {})}, indent=2, ensure_ascii=False), encoding='utf-8')
   plot_rows(records, output / 'table3.png', reference)
@@ -476,8 +477,8 @@ def check_inputs(directory: str | os.PathLike[str], rows_path: str | os.PathLike
     raise FileNotFoundError(f'{directory} is not a directory of runs')
   rows_module = load_rows_module(rows_path)
   if reference is not None and reference not in rows_module.ROWS:
-    raise ValueError(f'--reference={reference!r} is not a row of {rows_path}; its rows: '
-                     f'{", ".join(rows_module.ROWS)}')
+    raise ValueError(f'--reference: {reference!r} is not one of the ROWS of {rows_path} '
+                     f'({", ".join(rows_module.ROWS)})')
   if compare_to is None:
     return rows_module, None
   if not getattr(rows_module, 'FINDINGS', ()):
@@ -544,9 +545,9 @@ _CURVE = flags.DEFINE_string('curve', None, 'Instead of the report, print this c
 _CURVE_EVERY = flags.DEFINE_integer('curve_every', 0, "With --curve: only the steps that are multiples of this.")
 _COMPARE_TO = flags.DEFINE_string('compare_to', None, "An earlier report's table3.json: list the verdicts that "
                                   'differ from it after the verdicts (e.g. a round of seeds against the last).')
-_REFERENCE = flags.DEFINE_string('reference', None, "The row the Δ columns compare every row with, instead of the "
-                                 "rows file's REFERENCE (e.g. weight_decay3, the Multi30k main job's recipe, where "
-                                 "configs/multi30k_recipes.py compares with paper); the findings keep theirs.")
+_REFERENCE = flags.DEFINE_string('reference', None, "The row (one of --rows' ROWS) that the Δ columns, their "
+                                 "'_delta' fields in table3.csv and table3.json, and the plot compare every row "
+                                 "with, instead of the rows file's REFERENCE; the findings keep theirs.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -572,8 +573,8 @@ def main(argv: Sequence[str]) -> None:
       raise app.UsageError(str(e)) from e
     return
   try:
-    print(write_report(argv[1], _ROWS.value, _OUTPUT_DIR.value, _COMPARE_TO.value, _ARCHIVE.value,
-                       _REFERENCE.value), end='')
+    print(write_report(argv[1], _ROWS.value, output_dir=_OUTPUT_DIR.value, compare_to=_COMPARE_TO.value,
+                       archive_dir=_ARCHIVE.value, reference=_REFERENCE.value), end='')
   except (OSError, ValueError) as e:
     raise app.UsageError(str(e)) from e
 
