@@ -159,7 +159,7 @@ NOTES = {
     'weight_decay5': 'AdamW, weight decay 0.5 on matrices',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
-# The row the report compares every candidate with (its Δ columns), unless its --reference names another.
+# The row the report compares every candidate with (its Δ columns), unless the report's --reference names another.
 REFERENCE = 'paper'
 
 # Each candidate was tried because it might beat the main job: 'better' than `paper` on validation BLEU and on
