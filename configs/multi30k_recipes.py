@@ -138,9 +138,9 @@ ROWS = {
     # more updates of a shallower model? Same FLOPs.
     'weight_decay3_layers2': {'train.weight_decay': 0.3, 'model.num_layers': 2, **_schedule(10600)},
     # BPE-dropout (Provilkov et al., 2020), the regulariser of small corpora, at half the rate tried on 2026-12-01: at
-    # 0.1 the training pairs came out ~42% longer in pieces (an 8,000-piece vocabulary builds most words from many
-    # merges) and greedy BLEU trailed by 15 at 2,000 steps, with Adam. At 0.05 the training split is 20% (English)
-    # and 22% (German) longer, so a packed step holds ~17% fewer pairs. Under λ 0.3; same FLOPs.
+    # 0.1 the training pairs came out 37% (source) and 40% (target) longer in pieces, EOS included (an 8,000-piece
+    # vocabulary builds most words from many merges), and greedy BLEU trailed by 15 at 2,000 steps, with Adam. At 0.05
+    # they are 19% and 20% longer, so a packed step holds ~17% fewer pairs. Under λ 0.3; same FLOPs.
     'weight_decay3_bpe_dropout05': {'train.weight_decay': 0.3, 'data.bpe_dropout_rate': 0.05},
     # The other side of weight_decay3_ls2 on §5.4's smoothing: ε_ls 0.2 under λ 0.3 scored the same validation BLEU as
     # 0.1 over three seeds a side (+0.02 [-0.38, +0.41]) at a higher perplexity (+0.18 [+0.14, +0.22]). Does 0.05, a
