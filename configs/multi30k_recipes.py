@@ -151,6 +151,12 @@ ROWS = {
     # 4.69 ± 0.02. λ 0.3 at peak 2.2e-3 (a dose of λ 0.42 at the main job's rate): does a faster rate under a stronger
     # pull find a better end point than either alone? Same FLOPs.
     'weight_decay3_lr_high_dose': {'train.weight_decay': 0.3, 'train.learning_rate_scale': 0.5 * 2 ** 0.5},
+    # R-Drop (Liang et al., 2021; not in the paper): each batch runs twice under two dropout masks, and α 5 (their
+    # translation setting) times the two passes' symmetric KL divergence joins the loss. The regularisers tried on
+    # the main job so far (decay, smoothing, dropout, BPE-dropout) all move one model's weights or targets; this one
+    # asks the model to agree with itself under dropout. A step costs twice the FLOPs, so it holds 1,024 tokens a
+    # side, run twice: the main job's 8,000 updates and schedule over half its passes (16.5). Under λ 0.3.
+    'weight_decay3_rdrop5': {'train.weight_decay': 0.3, 'train.rdrop_alpha': 5.0, 'data.tokens_per_batch': 1024},
 }
 NOTES = {
     'paper': 'configs/multi30k.py with Adam (until 2026-12-06)',
@@ -180,6 +186,7 @@ NOTES = {
     'weight_decay3_bpe_dropout05': 'BPE-dropout 0.05 on both sides, AdamW, weight decay 0.3',
     'weight_decay3_ls05': 'AdamW, weight decay 0.3, label smoothing 0.05',
     'weight_decay3_lr_high_dose': 'learning rate x sqrt 2 (peak 2.2e-3), AdamW λ 0.3 (the dose x sqrt 2)',
+    'weight_decay3_rdrop5': 'R-Drop, α 5, 1,024 tokens a side run twice, AdamW, weight decay 0.3',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
 # The row the report compares every candidate with (its Δ columns), unless the report's --reference names another.
@@ -211,6 +218,7 @@ _SOURCES = {
     'weight_decay3_bpe_dropout05': 'Provilkov et al., 2020; Loshchilov & Hutter, 2019',
     'weight_decay3_ls05': 'Loshchilov & Hutter, 2019; §5.4',
     'weight_decay3_lr_high_dose': 'Loshchilov & Hutter, 2019; §5.3',
+    'weight_decay3_rdrop5': 'Liang et al., 2021; Loshchilov & Hutter, 2019',
 }
 _NOT_COMPARABLE = {'vocab10k': ('dev_perplexity',), 'lowercase': ('dev_bleu', 'dev_perplexity')}
 

@@ -19,6 +19,7 @@ from transformer_jax.tools import report
 from transformer_jax.tools import summary
 from transformer_jax.run import config_checks
 from transformer_jax.training import flops
+from transformer_jax.training import step as step_lib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / 'configs'
@@ -191,6 +192,16 @@ def test_validation_names_a_bad_early_stopping():
     config_checks.validate_config(config)
 
 
+def test_validation_names_a_bad_r_drop_alpha():
+  for value in (-1.0, float('nan')):
+    config = load_config_module(CONFIG_DIR / 'base.py').get_config()
+    config.train.rdrop_alpha = value
+    with pytest.raises(ValueError, match=r'train\.rdrop_alpha must be a finite number >= 0 \(0: no R-Drop\)'):
+      config_checks.validate_config(config)
+  config.train.rdrop_alpha = 5.0
+  config_checks.validate_config(config)
+
+
 def test_validation_names_a_bad_decoding_batch():
   for value in (True, -1):
     config = load_config_module(CONFIG_DIR / 'base.py').get_config()
@@ -219,7 +230,8 @@ def test_multi30k_recipes_train_within_the_main_jobs_compute(recipe):
   or less: Multi30k's packed rows are 64 tokens long, so a batch is [tokens_per_batch / 64, 64]."""
   def train_flops(config):
     rows = config.data.tokens_per_batch // 64
-    return flops.train_step_flops(model_config(config), rows, 64, 64) * config.train.num_train_steps
+    return (flops.train_step_flops(model_config(config), rows, 64, 64, step_lib.passes_per_step(config.train))
+            * config.train.num_train_steps)
   main_job = train_flops(load('multi30k.py', None))
   assert main_job == pytest.approx(RECIPES.BUDGET_FLOPS, rel=1e-4)
   assert 0.97 * main_job <= train_flops(load('multi30k_recipes.py', recipe)) <= 1.01 * main_job
@@ -245,7 +257,8 @@ def test_multi30k_recipes_keep_the_adam_they_were_measured_with():
 # must read, in the recipe, the value the run trained with before the field existed.
 _RUN_ONLY_FIELDS = {('data', 'manual_dir'), ('data', 'shuffle_seed'), ('train', 'seed'),
                     ('train', 'max_checkpoints_to_keep')}
-_BEFORE_THE_FIELD = {('train', 'weight_decay'): 0.0, ('model', 'activation_dropout_rate'): 0.0}
+_BEFORE_THE_FIELD = {('train', 'weight_decay'): 0.0, ('model', 'activation_dropout_rate'): 0.0,
+                     ('train', 'rdrop_alpha'): 0.0}
 _ARCHIVED_RECIPE_RUNS = sorted((REPO_ROOT / 'docs' / 'multi30k_recipes' / 'runs').glob('*/config.json'))
 
 

@@ -142,3 +142,37 @@ def test_fused_loss_chunks_divide_the_length():
   assert losses._chunk_length(32, 24, 512) == 12
   assert losses._chunk_length(1000, 7, 512) == 1  # One position per chunk when a row alone is too many.
   assert losses._chunk_length(2, 7, 512) == 7
+
+
+def test_r_drop_divergence_against_numpy_and_zero_for_identical_passes():
+  """R-Drop's kl_sum is Σ KL(P1‖P2) + KL(P2‖P1) over the batch's tokens (NumPy in float64); for two identical
+  passes it is 0 and the losses are one pass's, twice."""
+  rng = np.random.default_rng(0)
+  features = rng.normal(size=(4, 5, 8)).astype(np.float32)  # Two passes of a [2, 5] batch: rows 0, 0, 1, 1.
+  embedding = rng.normal(size=(11, 8)).astype(np.float32)
+  targets = np.repeat(rng.integers(1, 11, size=(2, 5)), 2, axis=0).astype(np.int32)
+  weights = np.repeat(np.array([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], np.float32), 2, axis=0)
+  sums = losses.r_drop_cross_entropy(jnp.asarray(features), jnp.asarray(embedding), jnp.asarray(targets),
+                                     jnp.asarray(weights), 0.1, alpha=5.0)
+  logits = np.einsum('blm,nm->bln', features.astype(np.float64), embedding)
+  log_p = logits - np.log(np.sum(np.exp(logits), -1, keepdims=True))
+  p = np.exp(log_p)
+  kl = lambda a, b: np.sum(p[a] * (log_p[a] - log_p[b]), -1)
+  first, second = slice(0, 4, 2), slice(1, 4, 2)
+  expected_kl = np.sum((kl(first, second) + kl(second, first)) * weights[first])
+  assert float(sums['kl_sum']) == pytest.approx(expected_kl, rel=1e-4)
+  reference = numpy_smoothed_loss(logits, targets, weights, 0.1)
+  assert float(sums['loss_sum']) == pytest.approx(reference['loss_sum'], rel=1e-4)
+  assert float(sums['token_count']) == 12.0  # Both passes: 6 tokens each.
+  assert float(sums['objective_sum']) == pytest.approx(reference['loss_sum'] + 2.5 * expected_kl, rel=1e-4)
+
+  same = np.repeat(features[first], 2, axis=0)
+  sums = losses.r_drop_cross_entropy(jnp.asarray(same), jnp.asarray(embedding), jnp.asarray(targets),
+                                     jnp.asarray(weights), 0.1, alpha=5.0)
+  one_pass = numpy_smoothed_loss(np.einsum('blm,nm->bln', features[first].astype(np.float64), embedding),
+                                 targets[first], weights[first], 0.1)
+  assert float(sums['kl_sum']) == pytest.approx(0.0, abs=1e-6)
+  assert float(sums['objective_sum']) == pytest.approx(2 * one_pass['loss_sum'], rel=1e-4)
+  with pytest.raises(ValueError, match='odd'):
+    losses.r_drop_cross_entropy(jnp.asarray(features[:3]), jnp.asarray(embedding), jnp.asarray(targets[:3]),
+                                jnp.asarray(weights[:3]), 0.1, alpha=5.0)

@@ -88,6 +88,32 @@ def test_tiny_model_overfits_one_batch():
 
 
 @pytest.mark.integration
+def test_r_drop_step_without_dropout_is_the_plain_step_and_with_dropout_measures_disagreement():
+  """R-Drop (train.rdrop_alpha > 0) without dropout runs two identical passes: the divergence is 0 and the update
+  is the plain step's. With dropout the two passes draw different masks, so they disagree (kl_sum > 0), and
+  the step's FLOPs are counted twice."""
+  batch = jax.tree.map(jnp.asarray, copy_task_batch(np.random.default_rng(0), 4, 10, 32))
+  tx = optim.make_optimizer(optim.rsqrt_schedule(32, 20))
+  model = model_lib.Transformer(tiny_model_config(dropout_rate=0.0))
+  state = jax.jit(lambda rng: nn.unbox(state_lib.create_train_state(rng, model, tx, batch)))(jax.random.key(0))
+  step = functools.partial(step_lib.train_step, model=model, tx=tx, label_smoothing=0.1)
+  plain, plain_metrics = jax.jit(step)(state, batch)
+  r_drop, r_drop_metrics = jax.jit(functools.partial(step, rdrop_alpha=5.0))(state, batch)
+  assert float(r_drop_metrics['kl_sum']) == pytest.approx(0.0, abs=1e-5)
+  assert float(r_drop_metrics['token_count']) == 2 * float(plain_metrics['token_count']) == 50.0
+  assert float(r_drop_metrics['loss_sum']) == pytest.approx(2 * float(plain_metrics['loss_sum']), rel=1e-5)
+  for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(r_drop.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+  dropout_model = model_lib.Transformer(tiny_model_config(dropout_rate=0.3))
+  _, metrics = jax.jit(functools.partial(step, model=dropout_model, rdrop_alpha=5.0))(state, batch)
+  assert float(metrics['kl_sum']) > 0.1 and float(metrics['nonfinite']) == 0.0
+  config = smoke.get_config()
+  assert step_lib.passes_per_step(config.train) == 1
+  config.train.rdrop_alpha = 5.0
+  assert step_lib.passes_per_step(config.train) == 2
+
+
+@pytest.mark.integration
 def test_train_step_is_deterministic_and_compiles_once_per_batch_shape(monkeypatch):
   traces = []
   original = step_lib.train_step

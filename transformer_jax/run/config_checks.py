@@ -138,6 +138,8 @@ def _validate_train(train_cfg) -> None:
            train_cfg.grad_clip_norm, 'a finite number >= 0 (0 disables clipping)')
   _require(math.isfinite(train_cfg.weight_decay) and train_cfg.weight_decay >= 0, 'train.weight_decay',
            train_cfg.weight_decay, "a finite number >= 0 (0: the paper's Adam)")
+  _require(math.isfinite(train_cfg.rdrop_alpha) and train_cfg.rdrop_alpha >= 0, 'train.rdrop_alpha',
+           train_cfg.rdrop_alpha, 'a finite number >= 0 (0: no R-Drop)')
   _require(train_cfg.on_nonfinite in ('stop', 'skip'), 'train.on_nonfinite', train_cfg.on_nonfinite,
            "one of ('stop', 'skip')")
 

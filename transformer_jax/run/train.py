@@ -91,7 +91,8 @@ class _Progress:
     self.tokens += sum(int(np.count_nonzero(batch[k])) for k in ('source_tokens', 'target_tokens'))
     rows = batch['source_tokens'].shape[0] * jax.process_count()  # Every process holds an equal share.
     step_flops = flops_lib.train_step_flops(self.setup.model.cfg, rows, batch['source_tokens'].shape[1],
-                                            batch['target_tokens'].shape[1])
+                                            batch['target_tokens'].shape[1],
+                                            step_lib.passes_per_step(self.train_config))
     self.flops += step_flops
     self.total_flops += step_flops
 
@@ -209,7 +210,8 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
   cfg = config.train
   first_step = int(state.step)
   logging.info('Training steps %d to %d. Progress lines: loss = the label-smoothed cross-entropy that is '
-               'optimised (train.label_smoothing=%g), nll = the plain cross-entropy per target token (of the '
+               'optimised (train.label_smoothing=%g; with train.rdrop_alpha > 0 the optimised objective adds '
+               "R-Drop's divergence, not shown), nll = the plain cross-entropy per target token (of the "
                'sampled segmentations with data.bpe_dropout_rate > 0: finer, so not comparable with validation), acc = '
                'next-token accuracy, grad norm = the mean global gradient norm; steps/s and the time left count '
                'training steps only (compilation and validation are logged apart).', int(state.step) + 1,
@@ -310,7 +312,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
           config.data, setup.tokenizer, rows_multiple=setup.rows_multiple, data_shards=setup.data_shards,
           with_test=config.train.translate_at_end)
       state_sharding = setup.state_sharding()
-      train_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing)
+      train_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing,
+                                         config.train.rdrop_alpha)
       eval_fn = step_lib.jit_eval_step(setup, state_sharding.params, config.train.label_smoothing)
       # Stops before any state is allocated if the step cannot fit.
       memory.check_train_step(setup, train_fn, config.data, data.train_iter.shapes)

@@ -70,7 +70,8 @@ def compiled_synthetic_step(config):
   batch_size = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   host_batch = synthetic_batch(setup.model.cfg, batch_size, bench.source_length, bench.target_length)
   batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
-  step_fn = step_lib.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing)
+  step_fn = step_lib.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing,
+                                    config.train.rdrop_alpha)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     state, _ = state_lib.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
                                              setup.rules)
@@ -88,7 +89,7 @@ def run(config) -> dict[str, float]:
   requested = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   abstract_state = setup.abstract_state()
   state_sharding = sharding.shardings_of(abstract_state)
-  step_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing)
+  step_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing, config.train.rdrop_alpha)
   # Compiled on the abstract state first: nothing is allocated until a batch that fits is found.
   print(f'benchmark: compiling the train step for [{requested}, {bench.source_length} + {bench.target_length}]...',
         flush=True)
@@ -110,7 +111,8 @@ def run(config) -> dict[str, float]:
       times.append(time.perf_counter() - start)
     step_time = statistics.median(times)
     decode_rate = _decode_rate(state.params, model, config, host_batch)
-  flops = flops_lib.train_step_flops(cfg, batch_size, bench.source_length, bench.target_length)
+  flops = flops_lib.train_step_flops(cfg, batch_size, bench.source_length, bench.target_length,
+                                     step_lib.passes_per_step(config.train))
   peak, peak_source = flops_lib.peak_flops(cfg.compute_dtype)
   tokens = batch_size * (bench.source_length + bench.target_length)
   results = {

@@ -48,9 +48,11 @@ def forward_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: in
   return float(cfg.num_layers * (encoder + decoder) + logits)
 
 
-def train_step_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: int, target_length: int) -> float:
-  """Model FLOPs of one training step on a [batch_size, source_length + target_length] batch: 3x forward."""
-  return 3 * forward_flops(cfg, batch_size, source_length, target_length)
+def train_step_flops(cfg: model_lib.ModelConfig, batch_size: int, source_length: int, target_length: int,
+                     passes: int = 1) -> float:
+  """Model FLOPs of one training step on a [batch_size, source_length + target_length] batch: 3x forward, for each
+  of `passes` copies of the batch (2 under R-Drop, train.rdrop_alpha > 0)."""
+  return 3 * passes * forward_flops(cfg, batch_size, source_length, target_length)
 
 
 @jax.jit

@@ -165,3 +165,42 @@ def fused_smoothed_cross_entropy(features: jax.Array, embedding: jax.Array, targ
   loss_sum, nll_sum, correct_sum = _fused(features, embedding, targets, weights.astype(jnp.float32),
                                           label_smoothing, chunk)
   return {'loss_sum': loss_sum, 'nll_sum': nll_sum, 'correct_sum': correct_sum, 'token_count': jnp.sum(weights)}
+
+
+def r_drop_cross_entropy(features: jax.Array, embedding: jax.Array, targets: jax.Array, weights: jax.Array,
+                         label_smoothing: float, alpha: float) -> dict[str, jax.Array]:
+  """R-Drop (Liang et al., 2021, Eq. 3; not in the paper): two passes' label-smoothed losses and their agreement.
+
+  `features` holds the decoder output of one batch run twice under independent dropout masks, each row followed
+  by its copy (rows 2i and 2i + 1 are row i's two passes; on a data-sharded mesh a row and its copy stay on one
+  device). The objective per pair is L1 + L2 + α/2 (KL(P1‖P2) + KL(P2‖P1)), with L1, L2 the
+  label-smoothed losses of §5.4 and P1, P2 the two passes' distributions over the vocabulary at each target
+  position. The logits are held whole ([2 x batch, length, vocab], float32), unlike the fused loss training
+  uses otherwise (`fused_smoothed_cross_entropy`): the divergence needs both passes' softmax at once.
+
+  Args:
+    features: the decoder output [2 x batch, length, d_model] in the compute dtype: each row, then its copy.
+    embedding: the shared embedding [vocab, d_model], float32 (cast to features.dtype for the product).
+    targets: int32 [2 x batch, length], each row of the batch's targets twice in a row.
+    weights: float32 [2 x batch, length]: 1 on real tokens, 0 on padding, each row twice in a row.
+    label_smoothing: ε_ls in [0, 1).
+    alpha: α >= 0, the divergence's weight.
+
+  Returns:
+    `smoothed_cross_entropy`'s float32 sums over both passes (`loss_sum`, `nll_sum`, `correct_sum`,
+    `token_count`: twice the batch's tokens), `kl_sum` (KL(P1‖P2) + KL(P2‖P1), nats, summed over the batch's
+    tokens once) and `objective_sum` = loss_sum + α/2 kl_sum, the sum that training differentiates.
+
+  Raises:
+    ValueError: at trace time, if features has an odd number of rows.
+  """
+  if features.shape[0] % 2:
+    raise ValueError(f'R-Drop needs each row followed by its copy: {features.shape[0]} rows is odd')
+  logits = jnp.einsum('blm,nm->bln', features, embedding.astype(features.dtype), preferred_element_type=jnp.float32)
+  sums = smoothed_cross_entropy(logits, targets, weights, label_smoothing)
+  log_probs = jax.nn.log_softmax(logits)
+  first, second = log_probs[0::2], log_probs[1::2]
+  # KL(P1‖P2) + KL(P2‖P1) = Σ_v (p1 - p2) (log p1 - log p2).
+  divergence = jnp.sum((jnp.exp(first) - jnp.exp(second)) * (first - second), axis=-1)
+  kl_sum = jnp.sum(divergence * weights[0::2])
+  return sums | {'kl_sum': kl_sum, 'objective_sum': sums['loss_sum'] + 0.5 * alpha * kl_sum}

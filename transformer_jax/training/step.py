@@ -22,7 +22,7 @@ Batch = dict[str, Array]
 
 def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
                tx: optax.GradientTransformation, label_smoothing: float,
-               grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, Array]]:
+               grad_accum_steps: int = 1, rdrop_alpha: float = 0.0) -> tuple[TrainState, dict[str, Array]]:
   """One Adam update on the label-smoothed loss averaged over the batch's real target tokens.
 
   With grad_accum_steps = n > 1 the batch is cut into n micro-batches (rows i, i + n, i + 2n, ... form
@@ -35,6 +35,10 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
   (the parameters are never overwritten with NaN or inf) and reports `nonfinite=1`; the caller stops or
   carries on (`train.on_nonfinite`).
 
+  With rdrop_alpha = α > 0 (R-Drop, `losses.r_drop_cross_entropy`), each micro-batch is run twice in one pass,
+  each row followed by its copy, so the two copies draw different dropout masks; the update follows the R-Drop objective
+  divided by twice the batch's token count, and the step costs twice the FLOPs.
+
   Args:
     state: the TrainState (its buffers are donated by the jitted caller).
     batch: int32 arrays `source_tokens` [batch, src_len], `decoder_input_tokens`, `target_tokens`
@@ -43,24 +47,33 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
     tx: the optimiser (static).
     label_smoothing: ε_ls (static).
     grad_accum_steps: micro-batches per update (static); it must divide the batch's rows.
+    rdrop_alpha: R-Drop's α (static); 0 trains on the label-smoothed loss alone.
 
   Returns:
     (new state, metrics): float32 sums `loss_sum`, `nll_sum`, `correct_sum`, `token_count`, plus
-    `grad_norm` and `nonfinite` (1.0 when the update was not applied) for this step.
+    `grad_norm` and `nonfinite` (1.0 when the update was not applied) for this step; with R-Drop the sums cover
+    both copies (so token_count is twice the batch's), and `kl_sum` and `objective_sum` are added.
 
   Raises:
     ValueError: at trace time, if grad_accum_steps does not divide the rows of the batch.
   """
   dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-  token_count = jnp.maximum(jnp.sum(losses.target_weights(batch)), 1.0)
+  copies = 2 if rdrop_alpha else 1
+  token_count = jnp.maximum(copies * jnp.sum(losses.target_weights(batch)), 1.0)
 
   def loss_fn(params, micro_batch, rng):
+    if rdrop_alpha:  # Each row, then its copy (on the same device): the dropout masks differ by row.
+      micro_batch = jax.tree.map(lambda x: jnp.repeat(x, 2, axis=0), micro_batch)
     features = model.apply({'params': params}, micro_batch['source_tokens'], micro_batch['decoder_input_tokens'],
                            **state_lib.model_inputs(micro_batch), deterministic=False, rngs={'dropout': rng},
                            method='features')
-    sums = losses.fused_smoothed_cross_entropy(
-        features, params['shared_embedding']['embedding'], micro_batch['target_tokens'],
-        losses.target_weights(micro_batch), label_smoothing)
+    embedding, targets = params['shared_embedding']['embedding'], micro_batch['target_tokens']
+    if rdrop_alpha:
+      sums = losses.r_drop_cross_entropy(features, embedding, targets, losses.target_weights(micro_batch),
+                                         label_smoothing, rdrop_alpha)
+      return sums['objective_sum'] / token_count, sums
+    sums = losses.fused_smoothed_cross_entropy(features, embedding, targets, losses.target_weights(micro_batch),
+                                               label_smoothing)
     return sums['loss_sum'] / token_count, sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -94,13 +107,19 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
   return new_state, metrics
 
 
-def jit_train_step(setup: Build, state_sharding, label_smoothing: float):
+def passes_per_step(train_config) -> int:
+  """Forward-backward passes of each batch in a training step: 2 under R-Drop (train.rdrop_alpha > 0), else 1."""
+  return 2 if train_config.rdrop_alpha else 1
+
+
+def jit_train_step(setup: Build, state_sharding, label_smoothing: float, rdrop_alpha: float = 0.0):
   """`train_step` jitted as training runs it (§5), for the mesh, model and optimiser of `setup`.
 
   Args:
     setup: the Build or Setup (mesh, model, optimiser, grad_accum_steps).
     state_sharding: the TrainState's tree of NamedShardings (`Build.state_sharding()`).
     label_smoothing: train.label_smoothing (ε_ls, §5.4).
+    rdrop_alpha: train.rdrop_alpha (R-Drop's α; 0: off).
 
   Returns:
     train_fn(state, batch) -> (state, metrics), which donates the state it is given. Batches are split over the
@@ -108,7 +127,8 @@ def jit_train_step(setup: Build, state_sharding, label_smoothing: float):
   """
   return jax.jit(
       functools.partial(train_step, model=setup.model, tx=setup.tx,
-                        label_smoothing=label_smoothing, grad_accum_steps=setup.grad_accum_steps),
+                        label_smoothing=label_smoothing, grad_accum_steps=setup.grad_accum_steps,
+                        rdrop_alpha=rdrop_alpha),
       in_shardings=(state_sharding, setup.batch_sharding), out_shardings=(state_sharding, None),
       donate_argnums=0)
 
