@@ -83,14 +83,15 @@ def initial_state() -> state_lib.TrainState:
                               rng=np.array([0, 7], np.uint32))
 
 
-def run_steps(state, mesh_cfg, devices=None, num_steps=2):
+def run_steps(state, mesh_cfg, devices=None, num_steps=2, rdrop_alpha=0.0):
   """Two jitted train steps on the fixed batch under the mesh; returns (host state, losses, compiled step)."""
   mesh, rules = sharding.make_mesh(mesh_cfg, devices), sharding.logical_axis_rules(mesh_cfg)
   _, state_sharding = abstract_state(mesh, rules)
   batch_sharding = sharding.batch_sharding(mesh)
   state = jax.device_put(state, state_sharding)
   batch = jax.device_put(make_batch(), batch_sharding)
-  step_fn = jax.jit(functools.partial(step_lib.train_step, model=MODEL, tx=TX, label_smoothing=LABEL_SMOOTHING),
+  step_fn = jax.jit(functools.partial(step_lib.train_step, model=MODEL, tx=TX, label_smoothing=LABEL_SMOOTHING,
+                                      rdrop_alpha=rdrop_alpha),
                     in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
                     donate_argnums=0)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -216,6 +217,18 @@ def test_sharded_train_steps_match_one_device(layout, initial_state, single_devi
   else:
     assert out_query.shard_shape((32, 4, 8)) == (32, 2, 8)
     assert counts['all-reduce'] > 0  # Gradients over 'data', partial activations over 'tensor'.
+
+
+@pytest.mark.integration
+def test_sharded_r_drop_steps_match_one_device(initial_state):
+  """R-Drop (rdrop_alpha > 0) runs each row beside its copy under dropout (configs/smoke.py's 0.1): on data=4 x
+  tensor=2 its losses and parameters are one device's, so the copies draw the same masks in both layouts."""
+  assert MODEL.cfg.dropout_rate > 0
+  expected_state, expected_losses, _ = run_steps(initial_state, mesh_config(), jax.devices()[:1], rdrop_alpha=5.0)
+  state, losses, _ = run_steps(initial_state, mesh_config(data=4, tensor=2), rdrop_alpha=5.0)
+  np.testing.assert_allclose(losses, expected_losses, rtol=0, atol=1e-5)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=0, atol=1e-5),
+               jax.device_get(state.params), jax.device_get(expected_state.params))
 
 
 @pytest.mark.integration
