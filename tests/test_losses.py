@@ -2,6 +2,7 @@
 computations."""
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -145,15 +146,17 @@ def test_fused_loss_chunks_divide_the_length():
 
 
 def test_r_drop_divergence_against_numpy_and_zero_for_identical_passes():
-  """R-Drop's kl_sum is Σ KL(P1‖P2) + KL(P2‖P1) over the batch's tokens (NumPy in float64); for two identical
-  passes it is 0 and the losses are one pass's, twice."""
+  """Under R-Drop the fused loss's kl_sum is Σ KL(P1‖P2) + KL(P2‖P1) over the sentences' tokens (NumPy in
+  float64), its objective adds α/2 of it, and its gradient is autodiff's of that objective; for two identical
+  passes the divergence is 0 and the losses are one pass's, twice."""
   rng = np.random.default_rng(0)
-  features = rng.normal(size=(4, 5, 8)).astype(np.float32)  # Two passes of a [2, 5] batch: rows 0, 0, 1, 1.
+  features = rng.normal(size=(4, 6, 8)).astype(np.float32)  # Two passes of a [2, 6] batch: rows 0, 0, 1, 1.
   embedding = rng.normal(size=(11, 8)).astype(np.float32)
-  targets = np.repeat(rng.integers(1, 11, size=(2, 5)), 2, axis=0).astype(np.int32)
-  weights = np.repeat(np.array([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], np.float32), 2, axis=0)
-  sums = losses.r_drop_cross_entropy(jnp.asarray(features), jnp.asarray(embedding), jnp.asarray(targets),
-                                     jnp.asarray(weights), 0.1, alpha=5.0)
+  targets = np.repeat(rng.integers(1, 11, size=(2, 6)), 2, axis=0).astype(np.int32)
+  weights = np.repeat(np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]], np.float32), 2, axis=0)
+  fused = lambda f, e, chunk_tokens=8: losses.fused_smoothed_cross_entropy(
+      f, e, jnp.asarray(targets), jnp.asarray(weights), 0.1, chunk_tokens=chunk_tokens, rdrop_alpha=5.0)
+  sums = fused(jnp.asarray(features), jnp.asarray(embedding))  # Chunks of 2 positions: a 3-step scan.
   logits = np.einsum('blm,nm->bln', features.astype(np.float64), embedding)
   log_p = logits - np.log(np.sum(np.exp(logits), -1, keepdims=True))
   p = np.exp(log_p)
@@ -163,16 +166,28 @@ def test_r_drop_divergence_against_numpy_and_zero_for_identical_passes():
   assert float(sums['kl_sum']) == pytest.approx(expected_kl, rel=1e-4)
   reference = numpy_smoothed_loss(logits, targets, weights, 0.1)
   assert float(sums['loss_sum']) == pytest.approx(reference['loss_sum'], rel=1e-4)
-  assert float(sums['token_count']) == 12.0  # Both passes: 6 tokens each.
+  assert float(sums['token_count']) == 16.0  # Both passes: 8 tokens each.
   assert float(sums['objective_sum']) == pytest.approx(reference['loss_sum'] + 2.5 * expected_kl, rel=1e-4)
 
+  def autodiff_objective(f, e):
+    log_probs = jax.nn.log_softmax(jnp.einsum('blm,nm->bln', f, e), axis=-1)
+    divergence = jnp.sum((jnp.exp(log_probs[0::2]) - jnp.exp(log_probs[1::2])) * (log_probs[0::2] - log_probs[1::2]),
+                         axis=-1)
+    loss = losses.smoothed_cross_entropy(jnp.einsum('blm,nm->bln', f, e), jnp.asarray(targets), jnp.asarray(weights),
+                                         0.1)['loss_sum']
+    return loss + 2.5 * jnp.sum(divergence * weights[0::2])
+  expected = jax.grad(autodiff_objective, argnums=(0, 1))(jnp.asarray(features), jnp.asarray(embedding))
+  computed = jax.grad(lambda f, e: fused(f, e)['objective_sum'], argnums=(0, 1))(jnp.asarray(features),
+                                                                               jnp.asarray(embedding))
+  for a, b in zip(computed, expected):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
   same = np.repeat(features[first], 2, axis=0)
-  sums = losses.r_drop_cross_entropy(jnp.asarray(same), jnp.asarray(embedding), jnp.asarray(targets),
-                                     jnp.asarray(weights), 0.1, alpha=5.0)
+  sums = fused(jnp.asarray(same), jnp.asarray(embedding))
   one_pass = numpy_smoothed_loss(np.einsum('blm,nm->bln', features[first].astype(np.float64), embedding),
                                  targets[first], weights[first], 0.1)
-  assert float(sums['kl_sum']) == pytest.approx(0.0, abs=1e-6)
+  assert float(sums['kl_sum']) == pytest.approx(0.0, abs=1e-5)
   assert float(sums['objective_sum']) == pytest.approx(2 * one_pass['loss_sum'], rel=1e-4)
   with pytest.raises(ValueError, match='odd'):
-    losses.r_drop_cross_entropy(jnp.asarray(features[:3]), jnp.asarray(embedding), jnp.asarray(targets[:3]),
-                                jnp.asarray(weights[:3]), 0.1, alpha=5.0)
+    losses.fused_smoothed_cross_entropy(jnp.asarray(features[:3]), jnp.asarray(embedding), jnp.asarray(targets[:3]),
+                                        jnp.asarray(weights[:3]), 0.1, rdrop_alpha=5.0)

@@ -27,7 +27,7 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
     {'loss_sum', 'nll_sum', 'correct_sum', 'token_count'}: float32 scalars (sums over the batch); divide
     sums by token_count only after summing over steps and devices.
   """
-  loss, nll, correct, _ = _token_terms(logits.astype(jnp.float32), targets, label_smoothing)
+  loss, nll, correct, _, _ = _token_terms(logits.astype(jnp.float32), targets, label_smoothing)
   return {
       'loss_sum': jnp.sum(loss * weights),
       'nll_sum': jnp.sum(nll * weights),
@@ -37,11 +37,12 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
 
 
 def _token_terms(logits: jax.Array, targets: jax.Array, label_smoothing: float):
-  """Per-token terms of `smoothed_cross_entropy`, float32 [..., length]: (loss, nll, correct, softmax).
+  """Per-token terms of `smoothed_cross_entropy`, float32 [..., length]: (loss, nll, correct, softmax, log-softmax).
 
   loss is the cross-entropy against the smoothed target minus that target's entropy; correct is 1 where no
-  logit exceeds the target's (a tie counts); softmax is float32 [..., length, vocab] (the fused loss's gradient
-  needs it; unused, XLA drops it). No [..., vocab] one-hot is built.
+  logit exceeds the target's (a tie counts); softmax and log-softmax are float32 [..., length, vocab] (the fused
+  loss's gradient needs the first, R-Drop's divergence both; unused, XLA drops them). No [..., vocab] one-hot
+  is built.
   """
   vocab_size = logits.shape[-1]
   shifted = logits - jnp.max(logits, axis=-1, keepdims=True)  # Its maximum is 0.
@@ -56,7 +57,8 @@ def _token_terms(logits: jax.Array, targets: jax.Array, label_smoothing: float):
   smoothed = confidence * nll - low_confidence * (sum_log_probs + nll)
   # A max reduction is vectorised on every backend; XLA:CPU's argmax over [tokens, vocab] is ~10x slower.
   correct = (target_shifted >= 0.0).astype(jnp.float32)
-  return smoothed - _min_entropy(label_smoothing, vocab_size), nll, correct, exp / sum_exp[..., None]
+  return (smoothed - _min_entropy(label_smoothing, vocab_size), nll, correct, exp / sum_exp[..., None],
+          shifted - log_normaliser[..., None])
 
 
 def target_weights(batch: dict[str, jax.Array]) -> jax.Array:
@@ -87,27 +89,52 @@ def _min_entropy(label_smoothing: float, vocab_size: int) -> float:
   return -(xlogx(1.0 - label_smoothing) + (vocab_size - 1) * xlogx(label_smoothing / (vocab_size - 1)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _fused(features, embedding, targets, weights, label_smoothing, chunk):
-  return _fused_forward(features, embedding, targets, weights, label_smoothing, chunk, gradients=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fused(features, embedding, targets, weights, label_smoothing, chunk, rdrop_alpha):
+  return _fused_forward(features, embedding, targets, weights, label_smoothing, chunk, rdrop_alpha,
+                        gradients=False)[0]
 
 
-def _fused_forward(features, embedding, targets, weights, label_smoothing, chunk, gradients):
-  """Scans the chunks: sums of (loss, nll, correct), and with gradients=True the gradient of loss_sum with
-  respect to features ([batch, length, d_model], compute dtype) and embedding (float32)."""
+def _r_drop_terms(probs, log_probs, weights, alpha):
+  """R-Drop's divergence over paired rows (2i and 2i + 1: one sentence's two passes) of a chunk.
+
+  Returns (per-token KL of each row's distribution from its partner's, times the weight, float32 [2 x batch,
+  chunk]: a pair's two rows sum to KL(P1‖P2) + KL(P2‖P1); the gradient of α/2 times that pair sum with respect
+  to the logits, float32 [2 x batch, chunk, vocab]). With p = softmax(z) and q the partner's:
+  d KL(p‖q) / dz = p (log p - log q - KL(p‖q)) and d KL(q‖p) / dz = p - q.
+  """
+  partner = lambda x: jnp.flip(x.reshape(-1, 2, *x.shape[1:]), axis=1).reshape(x.shape)
+  log_ratio = log_probs - partner(log_probs)
+  divergence = jnp.sum(probs * log_ratio, axis=-1, keepdims=True)
+  d_logits = (probs * (log_ratio - divergence) + (probs - partner(probs))) * (0.5 * alpha * weights[..., None])
+  return divergence[..., 0] * weights, d_logits
+
+
+def _fused_forward(features, embedding, targets, weights, label_smoothing, chunk, rdrop_alpha, gradients):
+  """Scans the chunks: sums of (objective, loss, nll, correct, R-Drop's divergence), and with gradients=True the
+  gradient of the objective with respect to features ([batch, length, d_model], compute dtype) and embedding
+  (float32). The objective is the loss, plus rdrop_alpha / 2 times the divergence when rdrop_alpha > 0."""
   compute_embedding = embedding.astype(features.dtype)
 
   def body(d_embedding, inputs):
     x, t, w = inputs  # [batch, chunk, d_model], [batch, chunk], [batch, chunk]
     logits = jnp.einsum('blm,nm->bln', x, compute_embedding, preferred_element_type=jnp.float32)
-    loss, nll, correct, probs = _token_terms(logits, t, label_smoothing)
-    sums = (jnp.sum(loss * w), jnp.sum(nll * w), jnp.sum(correct * w))
+    loss, nll, correct, probs, log_probs = _token_terms(logits, t, label_smoothing)
+    loss_sum = jnp.sum(loss * w)
+    kl_sum, d_divergence = jnp.zeros((), jnp.float32), None
+    if rdrop_alpha:
+      divergence, d_divergence = _r_drop_terms(probs, log_probs, w, rdrop_alpha)
+      kl_sum = jnp.sum(divergence)
+    sums = (loss_sum + 0.5 * rdrop_alpha * kl_sum, loss_sum, jnp.sum(nll * w), jnp.sum(correct * w), kl_sum)
     if not gradients:
       return d_embedding, sums
     # d loss / d logits: softmax - smoothed target, times the token's weight.
     confidence, low_confidence = 1.0 - label_smoothing, label_smoothing / (embedding.shape[0] - 1)
     one_hot = jnp.arange(embedding.shape[0])[None, None, :] == t[..., None]
-    d_logits = ((probs - jnp.where(one_hot, confidence, low_confidence)) * w[..., None]).astype(features.dtype)
+    d_logits = (probs - jnp.where(one_hot, confidence, low_confidence)) * w[..., None]
+    if rdrop_alpha:
+      d_logits = d_logits + d_divergence
+    d_logits = d_logits.astype(features.dtype)
     d_x = jnp.einsum('bln,nm->blm', d_logits, compute_embedding, preferred_element_type=jnp.float32)
     d_embedding = d_embedding + jnp.einsum('bln,blm->nm', d_logits, x, preferred_element_type=jnp.float32)
     return d_embedding, (sums, d_x.astype(features.dtype))
@@ -120,16 +147,17 @@ def _fused_forward(features, embedding, targets, weights, label_smoothing, chunk
   return tuple(jnp.sum(s) for s in sums), (_unchunked(d_features), d_embedding.astype(embedding.dtype))
 
 
-def _fused_fwd(features, embedding, targets, weights, label_smoothing, chunk):
-  sums, gradients = _fused_forward(features, embedding, targets, weights, label_smoothing, chunk, gradients=True)
+def _fused_fwd(features, embedding, targets, weights, label_smoothing, chunk, rdrop_alpha):
+  sums, gradients = _fused_forward(features, embedding, targets, weights, label_smoothing, chunk, rdrop_alpha,
+                                   gradients=True)
   return sums, (gradients, targets, weights)
 
 
-def _fused_bwd(label_smoothing, chunk, residuals, cotangents):
-  del label_smoothing, chunk
+def _fused_bwd(label_smoothing, chunk, rdrop_alpha, residuals, cotangents):
+  del label_smoothing, chunk, rdrop_alpha
   (d_features, d_embedding), targets, weights = residuals
-  d_loss = cotangents[0]  # Only loss_sum is differentiable; nll_sum and correct_sum are metrics.
-  return ((d_loss * d_features).astype(d_features.dtype), d_loss * d_embedding,
+  d_objective = cotangents[0]  # Only the objective is differentiable; the other sums are metrics.
+  return ((d_objective * d_features).astype(d_features.dtype), d_objective * d_embedding,
           np.zeros(targets.shape, jax.dtypes.float0), jnp.zeros_like(weights))
 
 
@@ -138,7 +166,7 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 def fused_smoothed_cross_entropy(features: jax.Array, embedding: jax.Array, targets: jax.Array,
                                  weights: jax.Array, label_smoothing: float,
-                                 chunk_tokens: int = 512) -> dict[str, jax.Array]:
+                                 chunk_tokens: int = 512, rdrop_alpha: float = 0.0) -> dict[str, jax.Array]:
   """`smoothed_cross_entropy` of the tied output projection's logits, without holding them (§3.4, §5.4).
 
   The logits features @ embedding^T are computed a chunk of about `chunk_tokens` tokens at a time (a
@@ -148,59 +176,39 @@ def fused_smoothed_cross_entropy(features: jax.Array, embedding: jax.Array, targ
   gradient is one product over the token axis per chunk. Measured on a 2-vCPU AMD EPYC at the main job's
   shape (docs/performance.md).
 
-  Only `loss_sum` is differentiable: the gradient of `nll_sum` and `correct_sum` (metrics) is not computed.
+  With rdrop_alpha = α > 0 (R-Drop, Liang et al., 2021, Eq. 3; not in the paper) the rows come in pairs, 2i and
+  2i + 1 holding one sentence's two passes under different dropout masks, and the objective per pair is
+  L1 + L2 + α/2 (KL(P1‖P2) + KL(P2‖P1)), with L1, L2 the label-smoothed losses and P1, P2 the two passes'
+  distributions over the vocabulary at each target position; its gradient is formed per chunk as the loss's is.
+
+  Only the objective (`loss_sum`, or `objective_sum` under R-Drop) is differentiable: the gradient of the other
+  sums (metrics) is not computed.
 
   Args:
-    features: the decoder output [batch, length, d_model] in the compute dtype (`Transformer.features`).
+    features: the decoder output [batch, length, d_model] in the compute dtype (`Transformer.features`); under
+      R-Drop [2 x sentences, length, d_model], each row followed by its second pass.
     embedding: the shared embedding [vocab, d_model], float32 (cast to features.dtype for the products).
-    targets: int32 [batch, length].
-    weights: float32 [batch, length]: 1 on real tokens, 0 on padding.
+    targets: int32 [batch, length] (under R-Drop each row twice in a row).
+    weights: float32 [batch, length]: 1 on real tokens, 0 on padding (under R-Drop each row twice in a row).
     label_smoothing: ε_ls in [0, 1).
     chunk_tokens: tokens per chunk (batch x a divisor of length).
+    rdrop_alpha: R-Drop's α >= 0; 0 (the default) is the label-smoothed loss alone.
 
   Returns:
-    The dict of `smoothed_cross_entropy`: float32 sums `loss_sum`, `nll_sum`, `correct_sum`, `token_count`.
-  """
-  chunk = _chunk_length(features.shape[0], features.shape[1], chunk_tokens)
-  loss_sum, nll_sum, correct_sum = _fused(features, embedding, targets, weights.astype(jnp.float32),
-                                          label_smoothing, chunk)
-  return {'loss_sum': loss_sum, 'nll_sum': nll_sum, 'correct_sum': correct_sum, 'token_count': jnp.sum(weights)}
-
-
-def r_drop_cross_entropy(features: jax.Array, embedding: jax.Array, targets: jax.Array, weights: jax.Array,
-                         label_smoothing: float, alpha: float) -> dict[str, jax.Array]:
-  """R-Drop (Liang et al., 2021, Eq. 3; not in the paper): two passes' label-smoothed losses and their agreement.
-
-  `features` holds the decoder output of one batch run twice under independent dropout masks, each row followed
-  by its copy (rows 2i and 2i + 1 are row i's two passes; on a data-sharded mesh a row and its copy stay on one
-  device). The objective per pair is L1 + L2 + α/2 (KL(P1‖P2) + KL(P2‖P1)), with L1, L2 the
-  label-smoothed losses of §5.4 and P1, P2 the two passes' distributions over the vocabulary at each target
-  position. The logits are held whole ([2 x batch, length, vocab], float32), unlike the fused loss training
-  uses otherwise (`fused_smoothed_cross_entropy`): the divergence needs both passes' softmax at once.
-
-  Args:
-    features: the decoder output [2 x batch, length, d_model] in the compute dtype: each row, then its copy.
-    embedding: the shared embedding [vocab, d_model], float32 (cast to features.dtype for the product).
-    targets: int32 [2 x batch, length], each row of the batch's targets twice in a row.
-    weights: float32 [2 x batch, length]: 1 on real tokens, 0 on padding, each row twice in a row.
-    label_smoothing: ε_ls in [0, 1).
-    alpha: α >= 0, the divergence's weight.
-
-  Returns:
-    `smoothed_cross_entropy`'s float32 sums over both passes (`loss_sum`, `nll_sum`, `correct_sum`,
-    `token_count`: twice the batch's tokens), `kl_sum` (KL(P1‖P2) + KL(P2‖P1), nats, summed over the batch's
-    tokens once) and `objective_sum` = loss_sum + α/2 kl_sum, the sum that training differentiates.
+    The dict of `smoothed_cross_entropy`: float32 sums `loss_sum`, `nll_sum`, `correct_sum`, `token_count` (under
+    R-Drop over both passes), and under R-Drop `kl_sum` (KL(P1‖P2) + KL(P2‖P1) in nats, summed over the
+    sentences' tokens once) and `objective_sum` = loss_sum + α/2 kl_sum, the sum to differentiate.
 
   Raises:
-    ValueError: at trace time, if features has an odd number of rows.
+    ValueError: at trace time, under R-Drop, if features has an odd number of rows.
   """
-  if features.shape[0] % 2:
+  if rdrop_alpha and features.shape[0] % 2:
     raise ValueError(f'R-Drop needs each row followed by its copy: {features.shape[0]} rows is odd')
-  logits = jnp.einsum('blm,nm->bln', features, embedding.astype(features.dtype), preferred_element_type=jnp.float32)
-  sums = smoothed_cross_entropy(logits, targets, weights, label_smoothing)
-  log_probs = jax.nn.log_softmax(logits)
-  first, second = log_probs[0::2], log_probs[1::2]
-  # KL(P1‖P2) + KL(P2‖P1) = Σ_v (p1 - p2) (log p1 - log p2).
-  divergence = jnp.sum((jnp.exp(first) - jnp.exp(second)) * (first - second), axis=-1)
-  kl_sum = jnp.sum(divergence * weights[0::2])
-  return sums | {'kl_sum': kl_sum, 'objective_sum': sums['loss_sum'] + 0.5 * alpha * kl_sum}
+  chunk = _chunk_length(features.shape[0], features.shape[1], chunk_tokens)
+  objective_sum, loss_sum, nll_sum, correct_sum, kl_sum = _fused(
+      features, embedding, targets, weights.astype(jnp.float32), label_smoothing, chunk, rdrop_alpha)
+  if not rdrop_alpha:  # The objective is the loss: its differentiable output.
+    return {'loss_sum': objective_sum, 'nll_sum': nll_sum, 'correct_sum': correct_sum,
+            'token_count': jnp.sum(weights)}
+  return {'loss_sum': loss_sum, 'nll_sum': nll_sum, 'correct_sum': correct_sum, 'token_count': jnp.sum(weights),
+          'kl_sum': kl_sum, 'objective_sum': objective_sum}

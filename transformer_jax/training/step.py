@@ -35,7 +35,7 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
   (the parameters are never overwritten with NaN or inf) and reports `nonfinite=1`; the caller stops or
   carries on (`train.on_nonfinite`).
 
-  With rdrop_alpha = α > 0 (R-Drop, `losses.r_drop_cross_entropy`), each micro-batch is run twice in one pass,
+  With rdrop_alpha = α > 0 (R-Drop, `losses.fused_smoothed_cross_entropy`), each micro-batch is run twice in one pass,
   each row followed by its copy, so the two copies draw different dropout masks; the update follows the R-Drop objective
   divided by twice the batch's token count, and the step costs twice the FLOPs.
 
@@ -67,14 +67,10 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
     features = model.apply({'params': params}, micro_batch['source_tokens'], micro_batch['decoder_input_tokens'],
                            **state_lib.model_inputs(micro_batch), deterministic=False, rngs={'dropout': rng},
                            method='features')
-    embedding, targets = params['shared_embedding']['embedding'], micro_batch['target_tokens']
-    if rdrop_alpha:
-      sums = losses.r_drop_cross_entropy(features, embedding, targets, losses.target_weights(micro_batch),
-                                         label_smoothing, rdrop_alpha)
-      return sums['objective_sum'] / token_count, sums
-    sums = losses.fused_smoothed_cross_entropy(features, embedding, targets, losses.target_weights(micro_batch),
-                                               label_smoothing)
-    return sums['loss_sum'] / token_count, sums
+    sums = losses.fused_smoothed_cross_entropy(
+        features, params['shared_embedding']['embedding'], micro_batch['target_tokens'],
+        losses.target_weights(micro_batch), label_smoothing, rdrop_alpha=rdrop_alpha)
+    return sums['objective_sum' if rdrop_alpha else 'loss_sum'] / token_count, sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
   if grad_accum_steps == 1:
