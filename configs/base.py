@@ -104,8 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
       grad_clip_norm=0.0,             # 0 disables clipping (the paper does not clip).
       label_smoothing=0.1,            # §5.4 eps_ls.
       weight_decay=0.0,               # Decoupled (AdamW) on matrices, times the learning rate; 0: the paper's Adam.
-      # R-Drop (Liang et al., 2021; not in the paper): > 0 runs each batch twice, under two dropout masks, and adds
-      # this times the two passes' symmetric KL divergence to their losses. A step then costs twice the FLOPs.
+      # R-Drop (Liang et al., 2021, Eq. 3; not in the paper): > 0 runs each batch twice, under two dropout masks,
+      # and adds α/2 (KL(P1‖P2) + KL(P2‖P1)) of the two passes to their losses. A step costs twice the FLOPs and
+      # holds twice the activations.
       rdrop_alpha=0.0,
       # Micro-batches per update: data.tokens_per_batch is cut into this many, their gradients summed (the
       # paper's batch on fewer devices; see configs/big.py). 1 is the paper's single batch.

@@ -8,7 +8,8 @@ Every recipe keeps the paper's architecture (post-LN, sinusoidal positions, shar
 shape, §6.1's averaging and beam search) except `modern` (configs/multi30k_modern.py) and `modern_weight_decay3`
 (rotary positions), and stays within the main job's training compute: at most BUDGET_FLOPS, 8,000 steps of 96.4
 GFLOP (`flops.train_step_flops` at the packed [32, 64] batch of 2,048 tokens a side). Where a recipe's step costs
-more or less, its step count is scaled to that budget (the numbers below; tests/test_configs.py checks each).
+more or less, its step count is scaled to that budget (the numbers below; tests/test_configs.py checks each), or, for
+R-Drop's two passes, its batch is halved.
 Checkpoints are kept so that the last 10 averaged cover the last quarter of training, as in the main job (10 x 200
 of 8,000 steps), and warm-up lasts the same 5% of the steps where the step count changes (tiny and warmup800 set
 their own warm-up). Recipes are compared on the validation split only (docs/multi30k_recipes.md); the report tests
@@ -151,11 +152,12 @@ ROWS = {
     # 4.69 ± 0.02. λ 0.3 at peak 2.2e-3 (a dose of λ 0.42 at the main job's rate): does a faster rate under a stronger
     # pull find a better end point than either alone? Same FLOPs.
     'weight_decay3_lr_high_dose': {'train.weight_decay': 0.3, 'train.learning_rate_scale': 0.5 * 2 ** 0.5},
-    # R-Drop (Liang et al., 2021; not in the paper): each batch runs twice under two dropout masks, and α 5 (their
-    # translation setting) times the two passes' symmetric KL divergence joins the loss. The regularisers tried on
+    # R-Drop (Liang et al., 2021; not in the paper): each batch runs twice under two dropout masks, and α/2 (KL(P1‖P2)
+    # + KL(P2‖P1)) of the two passes joins the loss, α 5 (their translation setting). The regularisers tried on
     # the main job so far (decay, smoothing, dropout, BPE-dropout) all move one model's weights or targets; this one
     # asks the model to agree with itself under dropout. A step costs twice the FLOPs, so it holds 1,024 tokens a
-    # side, run twice: the main job's 8,000 updates and schedule over half its passes (16.5). Under λ 0.3.
+    # side, run twice: the main job's 8,000 updates and schedule over half its passes (16.5). Under λ 0.3. Its batch
+    # is batch1024's (40.60 with Adam at 16,000 steps), at the main job's rate: R-Drop and the batch change together.
     'weight_decay3_rdrop5': {'train.weight_decay': 0.3, 'train.rdrop_alpha': 5.0, 'data.tokens_per_batch': 1024},
 }
 NOTES = {

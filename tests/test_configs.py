@@ -192,45 +192,41 @@ def test_validation_names_a_bad_early_stopping():
     config_checks.validate_config(config)
 
 
-def test_validation_names_a_bad_r_drop_alpha():
-  for value in (-1.0, float('nan')):
+def _assert_rejected(field: str, values, message: str, accepted) -> None:
+  """Each of `values` in `field` ('section.name') of configs/base.py fails validation with `message`; `accepted`
+  passes."""
+  section, name = field.split('.')
+  for value in values:
     config = load_config_module(CONFIG_DIR / 'base.py').get_config()
-    config.train.rdrop_alpha = value
-    with pytest.raises(ValueError, match=r'train\.rdrop_alpha must be a finite number >= 0 \(0: no R-Drop\)'):
+    config[section][name] = value
+    with pytest.raises(ValueError, match=message):
       config_checks.validate_config(config)
-  config.train.rdrop_alpha = 5.0
+  config[section][name] = accepted
   config_checks.validate_config(config)
+
+
+def test_validation_names_a_bad_r_drop_alpha():
+  _assert_rejected('train.rdrop_alpha', (-1.0, float('nan'), float('inf')),
+                   r'train\.rdrop_alpha must be a finite number >= 0 \(0: no R-Drop\)', 5.0)
 
 
 def test_validation_names_a_bad_decoding_batch():
-  for value in (True, -1):
-    config = load_config_module(CONFIG_DIR / 'base.py').get_config()
-    config.decode.tokens_per_batch = value
-    with pytest.raises(ValueError, match=r'decode\.tokens_per_batch must be an integer >= 0'):
-      config_checks.validate_config(config)
-  config.decode.tokens_per_batch = 1  # Raised to one row of the longest bucket per data shard when decoding.
-  config_checks.validate_config(config)
-  for value in (True, False, -1):
-    config = load_config_module(CONFIG_DIR / 'base.py').get_config()
-    config.decode.compact_every_steps = value
-    with pytest.raises(ValueError, match=r'decode\.compact_every_steps must be an integer >= 0'):
-      config_checks.validate_config(config)
-  config.decode.compact_every_steps = 0
-  config_checks.validate_config(config)
-  for value in (True, -1):
-    config = load_config_module(CONFIG_DIR / 'base.py').get_config()
-    config.decode.concurrent_batches = value
-    with pytest.raises(ValueError, match=r'decode\.concurrent_batches must be an integer >= 0'):
-      config_checks.validate_config(config)
+  # tokens_per_batch 1 is raised to one row of the longest bucket per data shard when decoding.
+  _assert_rejected('decode.tokens_per_batch', (True, -1), r'decode\.tokens_per_batch must be an integer >= 0', 1)
+  _assert_rejected('decode.compact_every_steps', (True, False, -1),
+                   r'decode\.compact_every_steps must be an integer >= 0', 0)
+  _assert_rejected('decode.concurrent_batches', (True, -1), r'decode\.concurrent_batches must be an integer >= 0',
+                   0)
 
 
 @pytest.mark.parametrize('recipe', list(RECIPES.ROWS))
 def test_multi30k_recipes_train_within_the_main_jobs_compute(recipe):
   """Each candidate recipe's analytic training FLOPs are the main job's (8,000 steps of 96.4 GFLOP) within 1%
-  or less: Multi30k's packed rows are 64 tokens long, so a batch is [tokens_per_batch / 64, 64]."""
+  or less: Multi30k's packed rows are 64 tokens long, so a batch is [tokens_per_batch / 64, 64], run
+  `passes_per_step` times (twice under R-Drop)."""
   def train_flops(config):
     rows = config.data.tokens_per_batch // 64
-    return (flops.train_step_flops(model_config(config), rows, 64, 64, step_lib.passes_per_step(config.train))
+    return (flops.train_step_flops(model_config(config), rows, 64, 64, step_lib.passes_per_step(config.train.rdrop_alpha))
             * config.train.num_train_steps)
   main_job = train_flops(load('multi30k.py', None))
   assert main_job == pytest.approx(RECIPES.BUDGET_FLOPS, rel=1e-4)

@@ -92,7 +92,7 @@ class _Progress:
     rows = batch['source_tokens'].shape[0] * jax.process_count()  # Every process holds an equal share.
     step_flops = flops_lib.train_step_flops(self.setup.model.cfg, rows, batch['source_tokens'].shape[1],
                                             batch['target_tokens'].shape[1],
-                                            step_lib.passes_per_step(self.train_config))
+                                            step_lib.passes_per_step(self.train_config.rdrop_alpha))
     self.flops += step_flops
     self.total_flops += step_flops
 
@@ -313,7 +313,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
           with_test=config.train.translate_at_end)
       state_sharding = setup.state_sharding()
       train_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing,
-                                         config.train.rdrop_alpha)
+                                         rdrop_alpha=config.train.rdrop_alpha)
       eval_fn = step_lib.jit_eval_step(setup, state_sharding.params, config.train.label_smoothing)
       # Stops before any state is allocated if the step cannot fit.
       memory.check_train_step(setup, train_fn, config.data, data.train_iter.shapes)

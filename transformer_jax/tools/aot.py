@@ -81,14 +81,14 @@ def compile_train_step(config, devices=None) -> tuple[Any, dict[str, Any]]:
   shape = memory.largest_batch_shape(config.data, setup.rows_multiple)
   batch = memory.abstract_batch(config.data, shape, setup.batch_sharding)
   train_fn = step_lib.jit_train_step(setup, sharding.shardings_of(abstract_state), config.train.label_smoothing,
-                                     config.train.rdrop_alpha)
+                                     rdrop_alpha=config.train.rdrop_alpha)
   figures = {
       'mesh': dict(setup.mesh.shape), 'devices': setup.mesh.size, 'device_kind': setup.mesh.devices.flat[0].device_kind,
       'batch_shape': list(shape), 'tokens_per_batch': config.data.tokens_per_batch,
       'grad_accum_steps': config.train.grad_accum_steps, 'dtype': config.model.dtype,
       'num_params': int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))),
       'model_flops': flops.train_step_flops(setup.model.cfg, shape[0], shape[1], shape[1],
-                                            step_lib.passes_per_step(config.train))}
+                                            step_lib.passes_per_step(config.train.rdrop_alpha))}
   start = time.perf_counter()
   logging.info('Compiling the train step for %d x %s, batch [%d, %d] per side, %s (minutes for the paper\'s '
                'models on a 2-core CPU).', setup.mesh.size, figures['device_kind'], *shape, config.model.dtype)

@@ -71,7 +71,7 @@ def compiled_synthetic_step(config):
   host_batch = synthetic_batch(setup.model.cfg, batch_size, bench.source_length, bench.target_length)
   batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
   step_fn = step_lib.jit_train_step(setup, sharding.shardings_of(setup.abstract_state()), config.train.label_smoothing,
-                                    config.train.rdrop_alpha)
+                                    rdrop_alpha=config.train.rdrop_alpha)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     state, _ = state_lib.sharded_train_state(jax.random.key(0), setup.model, setup.tx, batch, setup.mesh,
                                              setup.rules)
@@ -89,7 +89,8 @@ def run(config) -> dict[str, float]:
   requested = bench.batch_size or max(1, config.data.tokens_per_batch // bench.source_length)
   abstract_state = setup.abstract_state()
   state_sharding = sharding.shardings_of(abstract_state)
-  step_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing, config.train.rdrop_alpha)
+  step_fn = step_lib.jit_train_step(setup, state_sharding, config.train.label_smoothing,
+                                    rdrop_alpha=config.train.rdrop_alpha)
   # Compiled on the abstract state first: nothing is allocated until a batch that fits is found.
   print(f'benchmark: compiling the train step for [{requested}, {bench.source_length} + {bench.target_length}]...',
         flush=True)
@@ -112,7 +113,7 @@ def run(config) -> dict[str, float]:
     step_time = statistics.median(times)
     decode_rate = _decode_rate(state.params, model, config, host_batch)
   flops = flops_lib.train_step_flops(cfg, batch_size, bench.source_length, bench.target_length,
-                                     step_lib.passes_per_step(config.train))
+                                     step_lib.passes_per_step(config.train.rdrop_alpha))
   peak, peak_source = flops_lib.peak_flops(cfg.compute_dtype)
   tokens = batch_size * (bench.source_length + bench.target_length)
   results = {

@@ -1,5 +1,5 @@
 """Label-smoothed cross-entropy (§5.4) and token accuracy, returned as sums and counts; the fused, chunked
-form that training uses (`fused_smoothed_cross_entropy`)."""
+form that training uses (`fused_smoothed_cross_entropy`), with R-Drop's divergence where train.rdrop_alpha > 0."""
 import functools
 import math
 
@@ -96,17 +96,20 @@ def _fused(features, embedding, targets, weights, label_smoothing, chunk, rdrop_
 
 
 def _r_drop_terms(probs, log_probs, weights, alpha):
-  """R-Drop's divergence over paired rows (2i and 2i + 1: one sentence's two passes) of a chunk.
+  """R-Drop's divergence over paired rows (2i and 2i + 1: one row's two passes) of a chunk.
 
-  Returns (per-token KL of each row's distribution from its partner's, times the weight, float32 [2 x batch,
-  chunk]: a pair's two rows sum to KL(P1‖P2) + KL(P2‖P1); the gradient of α/2 times that pair sum with respect
-  to the logits, float32 [2 x batch, chunk, vocab]). With p = softmax(z) and q the partner's:
-  d KL(p‖q) / dz = p (log p - log q - KL(p‖q)) and d KL(q‖p) / dz = p - q.
+  Args are [rows, chunk, vocab] float32 softmax and log-softmax and the [rows, chunk] token weights of a chunk
+  whose rows come in such pairs. Returns (per-token KL of each row's distribution from its partner's, times the
+  row's weight, float32 [rows, chunk]: a pair's two entries sum to KL(P1‖P2) + KL(P2‖P1) where the pair's weights
+  agree; the gradient of α/2 times the weighted pair sums with respect to the logits, float32 [rows, chunk,
+  vocab]). With p = softmax(z) and q the partner's: d KL(p‖q) / dz = p (log p - log q - KL(p‖q)) and
+  d KL(q‖p) / dz = p - q; each term carries the weight of the row whose KL it is.
   """
   partner = lambda x: jnp.flip(x.reshape(-1, 2, *x.shape[1:]), axis=1).reshape(x.shape)
   log_ratio = log_probs - partner(log_probs)
   divergence = jnp.sum(probs * log_ratio, axis=-1, keepdims=True)
-  d_logits = (probs * (log_ratio - divergence) + (probs - partner(probs))) * (0.5 * alpha * weights[..., None])
+  d_logits = 0.5 * alpha * (weights[..., None] * probs * (log_ratio - divergence)
+                            + partner(weights)[..., None] * (probs - partner(probs)))
   return divergence[..., 0] * weights, d_logits
 
 
@@ -177,16 +180,16 @@ def fused_smoothed_cross_entropy(features: jax.Array, embedding: jax.Array, targ
   shape (docs/performance.md).
 
   With rdrop_alpha = α > 0 (R-Drop, Liang et al., 2021, Eq. 3; not in the paper) the rows come in pairs, 2i and
-  2i + 1 holding one sentence's two passes under different dropout masks, and the objective per pair is
+  2i + 1 holding one row's two passes under different dropout masks, and the objective per pair is
   L1 + L2 + α/2 (KL(P1‖P2) + KL(P2‖P1)), with L1, L2 the label-smoothed losses and P1, P2 the two passes'
   distributions over the vocabulary at each target position; its gradient is formed per chunk as the loss's is.
 
   Only the objective (`loss_sum`, or `objective_sum` under R-Drop) is differentiable: the gradient of the other
-  sums (metrics) is not computed.
+  sums (metrics) is not computed (under R-Drop, `jax.grad` of `loss_sum` reads zero).
 
   Args:
     features: the decoder output [batch, length, d_model] in the compute dtype (`Transformer.features`); under
-      R-Drop [2 x sentences, length, d_model], each row followed by its second pass.
+      R-Drop [2 x rows, length, d_model], each row followed by its second pass.
     embedding: the shared embedding [vocab, d_model], float32 (cast to features.dtype for the products).
     targets: int32 [batch, length] (under R-Drop each row twice in a row).
     weights: float32 [batch, length]: 1 on real tokens, 0 on padding (under R-Drop each row twice in a row).
@@ -197,7 +200,7 @@ def fused_smoothed_cross_entropy(features: jax.Array, embedding: jax.Array, targ
   Returns:
     The dict of `smoothed_cross_entropy`: float32 sums `loss_sum`, `nll_sum`, `correct_sum`, `token_count` (under
     R-Drop over both passes), and under R-Drop `kl_sum` (KL(P1‖P2) + KL(P2‖P1) in nats, summed over the
-    sentences' tokens once) and `objective_sum` = loss_sum + α/2 kl_sum, the sum to differentiate.
+    rows' tokens once) and `objective_sum` = loss_sum + α/2 kl_sum, the sum to differentiate.
 
   Raises:
     ValueError: at trace time, under R-Drop, if features has an odd number of rows.

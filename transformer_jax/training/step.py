@@ -58,8 +58,7 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
     ValueError: at trace time, if grad_accum_steps does not divide the rows of the batch.
   """
   dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-  copies = 2 if rdrop_alpha else 1
-  token_count = jnp.maximum(copies * jnp.sum(losses.target_weights(batch)), 1.0)
+  token_count = jnp.maximum(passes_per_step(rdrop_alpha) * jnp.sum(losses.target_weights(batch)), 1.0)
 
   def loss_fn(params, micro_batch, rng):
     if rdrop_alpha:  # Each row, then its copy (on the same device): the dropout masks differ by row.
@@ -103,12 +102,12 @@ def train_step(state: TrainState, batch: Batch, *, model: model_lib.Transformer,
   return new_state, metrics
 
 
-def passes_per_step(train_config) -> int:
+def passes_per_step(rdrop_alpha: float) -> int:
   """Forward-backward passes of each batch in a training step: 2 under R-Drop (train.rdrop_alpha > 0), else 1."""
-  return 2 if train_config.rdrop_alpha else 1
+  return 2 if rdrop_alpha else 1
 
 
-def jit_train_step(setup: Build, state_sharding, label_smoothing: float, rdrop_alpha: float = 0.0):
+def jit_train_step(setup: Build, state_sharding, label_smoothing: float, *, rdrop_alpha: float = 0.0):
   """`train_step` jitted as training runs it (§5), for the mesh, model and optimiser of `setup`.
 
   Args:
