@@ -169,7 +169,8 @@ def test_benchmark_times_the_optimiser_and_step_that_training_runs(monkeypatch, 
                       weight_decay=0.3, warmup_steps=7)
   used = []
   real = step_lib.jit_train_step
-  monkeypatch.setattr(step_lib, 'jit_train_step', lambda setup, *args: used.append(setup) or real(setup, *args))
+  monkeypatch.setattr(step_lib, 'jit_train_step',
+                      lambda setup, *args, **kwargs: used.append(setup) or real(setup, *args, **kwargs))
   _run_benchmark(config, capsys)
   assert len(used) == 1
   setup = used[0]
