@@ -226,8 +226,8 @@ def test_multi30k_recipes_train_within_the_main_jobs_compute(recipe):
   `passes_per_step` times (twice under R-Drop)."""
   def train_flops(config):
     rows = config.data.tokens_per_batch // 64
-    return (flops.train_step_flops(model_config(config), rows, 64, 64, step_lib.passes_per_step(config.train.rdrop_alpha))
-            * config.train.num_train_steps)
+    passes = step_lib.passes_per_step(config.train.rdrop_alpha)
+    return flops.train_step_flops(model_config(config), rows, 64, 64, passes) * config.train.num_train_steps
   main_job = train_flops(load('multi30k.py', None))
   assert main_job == pytest.approx(RECIPES.BUDGET_FLOPS, rel=1e-4)
   assert 0.97 * main_job <= train_flops(load('multi30k_recipes.py', recipe)) <= 1.01 * main_job
