@@ -106,7 +106,7 @@ def get_config() -> ml_collections.ConfigDict:
       weight_decay=0.0,               # Decoupled (AdamW) on matrices, times the learning rate; 0: the paper's Adam.
       # R-Drop (Liang et al., 2021, Eq. 3; not in the paper): > 0 runs each batch twice, under two dropout masks,
       # and adds α/2 (KL(P1‖P2) + KL(P2‖P1)) of the two passes to their losses. A step costs twice the FLOPs and
-      # holds twice the activations.
+      # holds twice the activations; progress lines show the divergence as `kl`. Needs a dropout rate > 0.
       rdrop_alpha=0.0,
       # Micro-batches per update: data.tokens_per_batch is cut into this many, their gradients summed (the
       # paper's batch on fewer devices; see configs/big.py). 1 is the paper's single batch.

@@ -10,6 +10,13 @@ def test_summarize_divides_sums_once():
   assert metrics.summarize(sums) == pytest.approx({'loss': 1.5, 'nll': 1.0, 'perplexity': np.e, 'accuracy': 0.75})
 
 
+def test_summarize_gives_r_drops_divergence_per_token_of_one_pass():
+  """Under R-Drop token_count counts both passes and kl_sum each pair's tokens once: 8 tokens are 4 pairs."""
+  sums = {'loss_sum': 12.0, 'nll_sum': 8.0, 'correct_sum': 6.0, 'token_count': 8.0, 'kl_sum': 2.0}
+  assert metrics.summarize(sums) == pytest.approx(
+      {'loss': 1.5, 'nll': 1.0, 'perplexity': np.e, 'accuracy': 0.75, 'kl': 0.5})
+
+
 def test_write_scalars_tags_each_value_with_the_prefix():
   written = []
 

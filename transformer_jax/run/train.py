@@ -58,7 +58,8 @@ def _accumulate(sums: dict[str, Array], metrics: dict[str, Array]) -> dict[str, 
   """Adds one step's metric sums and gradient norm (zeros for a step whose update was not applied) and counts
   the applied and the skipped steps."""
   skipped = metrics['nonfinite'] > 0
-  return {key: sums[key] + jnp.where(skipped, 0.0, metrics[key]) for key in (*_SUM_KEYS, 'grad_norm')} | {
+  summed = sums.keys() - {'skipped_steps', 'applied_steps'}
+  return {key: sums[key] + jnp.where(skipped, 0.0, metrics[key]) for key in summed} | {
       'skipped_steps': sums['skipped_steps'] + metrics['nonfinite'],
       'applied_steps': sums['applied_steps'] + 1.0 - metrics['nonfinite']}
 
@@ -79,9 +80,10 @@ class _Progress:
     self.time, self.step, self.excluded = time.perf_counter(), first_step, timeline.in_loop_seconds()
     self.total_flops = 0.0  # Over the whole loop, for final_metrics.json.
 
-  @staticmethod
-  def _zeros() -> dict[str, Array]:
-    return {key: jnp.zeros((), jnp.float32) for key in (*_SUM_KEYS, 'grad_norm', 'skipped_steps', 'applied_steps')}
+  def _zeros(self) -> dict[str, Array]:
+    keys = (*_SUM_KEYS, *(('kl_sum',) if self.train_config.rdrop_alpha else ()), 'grad_norm', 'skipped_steps',
+            'applied_steps')
+    return {key: jnp.zeros((), jnp.float32) for key in keys}
 
   def update(self, step: int, metrics: dict[str, Array], batch: dict[str, np.ndarray]) -> None:
     """Records step `step`'s metrics, then checks the previous step's (by now computed: no pipeline stall)."""
@@ -138,9 +140,10 @@ class _Progress:
                 'tokens_per_sec': tokens / seconds, 'skipped_steps': float(sums['skipped_steps']),
                 'grad_norm': float(sums['grad_norm']) / max(float(sums['applied_steps']), 1.0),
                 'mfu': self.flops / seconds / peak}
-    logging.info('step %d/%d | loss %.4f | nll %.4f | acc %.3f | grad norm %.3g | lr %.3g | %.2f steps/s | '
+    kl = f' | kl {summary["kl"]:.4f}' if 'kl' in summary else ''
+    logging.info('step %d/%d | loss %.4f | nll %.4f%s | acc %.3f | grad norm %.3g | lr %.3g | %.2f steps/s | '
                  '%.0f tokens/s | MFU %.1f%% | %s left', step, self.train_config.num_train_steps,
-                 summary['loss'], summary['nll'], summary['accuracy'], summary['grad_norm'],
+                 summary['loss'], summary['nll'], kl, summary['accuracy'], summary['grad_norm'],
                  summary['learning_rate'], steps_per_sec, summary['tokens_per_sec'], 100 * summary['mfu'],
                  datetime.timedelta(seconds=int(remaining)))
     metrics_lib.write_scalars(self.writer, step, summary, prefix='train')
@@ -211,7 +214,8 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
   first_step = int(state.step)
   logging.info('Training steps %d to %d. Progress lines: loss = the label-smoothed cross-entropy that is '
                'optimised (train.label_smoothing=%g; with train.rdrop_alpha > 0 the optimised objective adds '
-               "R-Drop's divergence, not shown), nll = the plain cross-entropy per target token (of the "
+               "alpha / 2 times R-Drop's divergence kl = KL(P1||P2) + KL(P2||P1) per target token, shown after nll), "
+               'nll = the plain cross-entropy per target token (of the '
                'sampled segmentations with data.bpe_dropout_rate > 0: finer, so not comparable with validation), acc = '
                'next-token accuracy, grad norm = the mean global gradient norm; steps/s and the time left count '
                'training steps only (compilation and validation are logged apart).', int(state.step) + 1,

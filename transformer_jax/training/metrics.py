@@ -9,11 +9,17 @@ import math
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:
   """Summed metrics as means per real target token: `loss` (label-smoothed, §5.4, what is optimised), `nll`,
-  `perplexity` (exp of the nll, capped at exp(50)) and `accuracy`; a count of 0 is taken as 1."""
+  `perplexity` (exp of the nll, capped at exp(50)) and `accuracy`; a count of 0 is taken as 1.
+
+  With a `kl_sum` (R-Drop's training sums, `losses.fused_smoothed_cross_entropy`: token_count counts both passes,
+  kl_sum each pair's tokens once), also `kl`: KL(P1‖P2) + KL(P2‖P1) in nats per target token of one pass."""
   count = max(float(sums['token_count']), 1.0)
   nll = float(sums['nll_sum']) / count
-  return {'loss': float(sums['loss_sum']) / count, 'nll': nll, 'perplexity': math.exp(min(nll, 50.0)),
-          'accuracy': float(sums['correct_sum']) / count}
+  summary = {'loss': float(sums['loss_sum']) / count, 'nll': nll, 'perplexity': math.exp(min(nll, 50.0)),
+             'accuracy': float(sums['correct_sum']) / count}
+  if 'kl_sum' in sums:
+    summary['kl'] = float(sums['kl_sum']) / max(float(sums['token_count']) / 2, 1.0)
+  return summary
 
 
 def write_scalars(writer, step: int, scalars: dict[str, float], prefix: str) -> None:
