@@ -165,6 +165,11 @@ ROWS = {
     # ± 0.11 at perplexity 4.80 and 41.84 ± 0.52 at 4.63 at x 1 and sqrt 2 (three seeds each): does the diagonal keep
     # lowering perplexity, and does BLEU follow it? Same FLOPs.
     'weight_decay3_lr2x_dose': {'train.weight_decay': 0.3, 'train.learning_rate_scale': 0.5 * 2},
+    # The dose axis at lr_high_dose's rate: §5.3's rate x sqrt 2 (peak 2.2e-3) with λ 0.42, so the decay dose doubles
+    # (λ 0.6 at the main job's rate), as in weight_decay3_lr2x_dose, but at the rate where validation BLEU read 41.84
+    # ± 0.52 (λ 0.3) and 41.51 ± 0.73 (λ 0.21), three seeds each. With weight_decay3_lr2x_dose it tells the rate's
+    # part from the dose's along that diagonal. Same FLOPs.
+    'weight_decay3_lr_high_dose2': {'train.weight_decay': 0.3 * 2 ** 0.5, 'train.learning_rate_scale': 0.5 * 2 ** 0.5},
 }
 NOTES = {
     'paper': 'configs/multi30k.py with Adam (until 2026-12-06)',
@@ -196,6 +201,7 @@ NOTES = {
     'weight_decay3_lr_high_dose': 'learning rate x sqrt 2 (peak 2.2e-3), AdamW λ 0.3 (the dose x sqrt 2)',
     'weight_decay3_rdrop5': 'R-Drop, α 5, 1,024 tokens a side run twice, AdamW, weight decay 0.3',
     'weight_decay3_lr2x_dose': 'learning rate x 2 (peak 3.1e-3), AdamW λ 0.3 (the dose x 2)',
+    'weight_decay3_lr_high_dose2': 'learning rate x sqrt 2 (peak 2.2e-3), AdamW λ 0.42 (the dose x 2)',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
 # The row the report compares every candidate with (its Δ columns), unless the report's --reference names another.
@@ -229,6 +235,7 @@ _SOURCES = {
     'weight_decay3_lr_high_dose': 'Loshchilov & Hutter, 2019; §5.3',
     'weight_decay3_rdrop5': 'Liang et al., 2021; Loshchilov & Hutter, 2019',
     'weight_decay3_lr2x_dose': 'Loshchilov & Hutter, 2019; §5.3',
+    'weight_decay3_lr_high_dose2': 'Loshchilov & Hutter, 2019; §5.3',
 }
 _NOT_COMPARABLE = {'vocab10k': ('dev_perplexity',), 'lowercase': ('dev_bleu', 'dev_perplexity')}
 
