@@ -210,16 +210,17 @@ def test_validation_names_a_bad_r_drop_alpha():
                    r'train\.rdrop_alpha must be a finite number >= 0 \(0: no R-Drop\)', 5.0)
 
 
-def test_validation_rejects_r_drop_without_dropout():
+@pytest.mark.parametrize('rate', ['dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'])
+def test_validation_rejects_r_drop_without_dropout(rate):
   """R-Drop's divergence compares two dropout masks: with every dropout rate 0 the passes agree and the doubled
-  step buys nothing, so train.rdrop_alpha > 0 is refused there; one nonzero rate of the three is enough."""
+  step buys nothing, so train.rdrop_alpha > 0 is refused there; any one nonzero rate of the three is enough."""
   config = load_config_module(CONFIG_DIR / 'base.py').get_config()
   config.train.rdrop_alpha = 5.0
   config.model.dropout_rate = config.model.attention_dropout_rate = config.model.activation_dropout_rate = 0.0
   with pytest.raises(ValueError, match=r'train\.rdrop_alpha must be 0 when model\.dropout_rate, '
                      r'model\.attention_dropout_rate, model\.activation_dropout_rate are all 0'):
     config_checks.validate_config(config)
-  config.model.attention_dropout_rate = 0.1
+  config.model[rate] = 0.1
   config_checks.validate_config(config)
 
 

@@ -2,6 +2,7 @@
 
 The clock is faked (time.perf_counter) or the thread is driven by events: nothing here waits on real time.
 """
+import contextlib
 import threading
 import types
 
@@ -71,3 +72,35 @@ def test_training_reports_by_the_clock_as_well_as_by_steps(monkeypatch, every, e
   progress.time = clock.now
   clock.now += elapsed
   assert progress.due() is due
+
+
+@pytest.mark.parametrize('rdrop_alpha', [0.0, 5.0])
+def test_progress_lines_sum_r_drops_divergence_and_leave_skipped_steps_out(monkeypatch, rdrop_alpha):
+  """Under R-Drop the progress sums carry kl_sum, and a skipped (non-finite) step adds nothing to them; the line
+  shows kl = KL(P1‖P2) + KL(P2‖P1) per target token of one pass (token_count counts both passes), and TensorBoard
+  gets train/kl. Without R-Drop neither appears."""
+  clock, lines, scalars = FakeClock(), [], {}
+  monkeypatch.setattr(train.time, 'perf_counter', clock)
+  monkeypatch.setattr(train.logging, 'info', lambda message, *args: lines.append(message % args))
+  monkeypatch.setattr(train.metrics_lib, 'write_scalars', lambda writer, step, values, prefix: scalars.update(values))
+  progress = object.__new__(train._Progress)  # pylint: disable=protected-access
+  progress.train_config = types.SimpleNamespace(rdrop_alpha=rdrop_alpha, num_train_steps=10)
+  progress.setup = types.SimpleNamespace(schedule=lambda step: 1e-3)
+  progress.peak = types.SimpleNamespace(remeasure=lambda: 1e12)
+  progress.timeline = types.SimpleNamespace(in_loop_seconds=lambda: 0.0, stage=lambda name: contextlib.nullcontext())
+  progress.writer, progress.pending, progress.tokens, progress.flops = None, None, 100, 1e12
+  progress.sums, progress.time, progress.step, progress.excluded = progress._zeros(), clock.now, 0, 0.0
+  applied = {'loss_sum': 6.0, 'nll_sum': 4.0, 'correct_sum': 3.0, 'token_count': 8.0, 'kl_sum': 2.0,
+             'grad_norm': 1.0, 'nonfinite': 0.0}
+  skipped = {key: float('nan') for key in applied} | {'nonfinite': 1.0}
+  for metrics in (applied, skipped):
+    progress.sums = train._accumulate(progress.sums, metrics)  # pylint: disable=protected-access
+  clock.now += 2.0
+  progress.report(2)
+  assert float(progress.sums['token_count']) == 0.0  # Reset after the line.
+  assert scalars['loss'] == pytest.approx(0.75) and scalars['skipped_steps'] == 1.0
+  if rdrop_alpha:
+    assert scalars['kl'] == pytest.approx(0.5)
+    assert '| nll 0.5000 | kl 0.5000 | acc 0.375 |' in lines[0]
+  else:
+    assert 'kl' not in scalars and '| kl' not in lines[0]

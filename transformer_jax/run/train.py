@@ -58,7 +58,7 @@ def _accumulate(sums: dict[str, Array], metrics: dict[str, Array]) -> dict[str, 
   """Adds one step's metric sums and gradient norm (zeros for a step whose update was not applied) and counts
   the applied and the skipped steps."""
   skipped = metrics['nonfinite'] > 0
-  summed = sums.keys() - {'skipped_steps', 'applied_steps'}
+  summed = [key for key in sums if key not in ('skipped_steps', 'applied_steps')]  # In order: one trace per run.
   return {key: sums[key] + jnp.where(skipped, 0.0, metrics[key]) for key in summed} | {
       'skipped_steps': sums['skipped_steps'] + metrics['nonfinite'],
       'applied_steps': sums['applied_steps'] + 1.0 - metrics['nonfinite']}
@@ -213,12 +213,13 @@ def _train_loop(config, setup: Setup, state: TrainState, train_fn, eval_fn, data
   cfg = config.train
   first_step = int(state.step)
   logging.info('Training steps %d to %d. Progress lines: loss = the label-smoothed cross-entropy that is '
-               'optimised (train.label_smoothing=%g; with train.rdrop_alpha > 0 the optimised objective adds '
-               "alpha / 2 times R-Drop's divergence kl = KL(P1||P2) + KL(P2||P1) per target token, shown after nll), "
-               'nll = the plain cross-entropy per target token (of the '
-               'sampled segmentations with data.bpe_dropout_rate > 0: finer, so not comparable with validation), acc = '
-               'next-token accuracy, grad norm = the mean global gradient norm; steps/s and the time left count '
-               'training steps only (compilation and validation are logged apart).', int(state.step) + 1,
+               'optimised (train.label_smoothing=%g; with train.rdrop_alpha > 0, over both passes, and the objective '
+               "per target token is loss + alpha / 4 kl, R-Drop's L1 + L2 + alpha / 2 (KL(P1||P2) + KL(P2||P1)) per "
+               'pair of passes, with kl = KL(P1||P2) + KL(P2||P1) per target token of one pass, shown after nll), '
+               'nll = the plain cross-entropy per target token (of the sampled segmentations with '
+               'data.bpe_dropout_rate > 0: finer, so not comparable with validation), acc = next-token accuracy, '
+               'grad norm = the mean global gradient norm; steps/s and the time left count training steps only '
+               '(compilation and validation are logged apart).', int(state.step) + 1,
                cfg.num_train_steps, cfg.label_smoothing)
   for step in range(int(state.step) + 1, cfg.num_train_steps + 1):
     with timeline.stage('input'):
