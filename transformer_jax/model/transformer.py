@@ -27,6 +27,10 @@ DecodingKernel = Literal['auto', 'cpu', 'xla']
 AttentionProductDtype = Literal['compute', 'float32']
 
 
+# The ModelConfig fields that are dropout probabilities (§5.4's P_drop and the later variants).
+DROPOUT_RATES = ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate')
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Architecture hyperparameters (§3, Table 3); built as ModelConfig(vocab_size=..., **config.model).
@@ -74,7 +78,7 @@ class ModelConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f'model.{name} must be a positive integer, got {value!r}')
-    for name in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):
+    for name in DROPOUT_RATES:
       value = getattr(self, name)
       if not 0.0 <= value < 1.0:
         raise ValueError(f'model.{name} must be in [0, 1), got {value!r}')

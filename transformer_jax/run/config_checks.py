@@ -25,9 +25,6 @@ from transformer_jax.storage import checkpoint_checks
 from transformer_jax.storage import workdir as workdir_lib
 
 
-_DROPOUT_RATES = ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate')
-
-
 def _require(ok: bool, key: str, value, allowed: str) -> None:
   if not ok:
     raise errors.ConfigError(f'{key} must be {allowed}, got {value!r}')
@@ -81,10 +78,11 @@ def validate_config(config) -> model_lib.ModelConfig:
   _require(model_cfg.max_length >= data_cfg.max_length + decode_cfg.extra_length or model_cfg.position_embedding
            != 'learned', 'data.max_length + decode.extra_length', data_cfg.max_length + decode_cfg.extra_length,
            f'<= model.max_length={model_cfg.max_length} with learned positions (the longest decode)')
-  _require(not train_cfg.rdrop_alpha or any(getattr(model_cfg, name) > 0 for name in _DROPOUT_RATES),
+  _require(not train_cfg.rdrop_alpha or any(getattr(model_cfg, name) > 0 for name in model_lib.DROPOUT_RATES),
            'train.rdrop_alpha', train_cfg.rdrop_alpha,
-           f'0 when {", ".join(f"model.{name}" for name in _DROPOUT_RATES)} are all 0 (R-Drop compares two passes '
-           'under different dropout masks: without dropout they agree, and each step costs twice for nothing)')
+           f'0 when {", ".join(f"model.{name}" for name in model_lib.DROPOUT_RATES)} are all 0 (R-Drop compares '
+           'two passes under different dropout masks: without dropout they agree, and each step costs twice for '
+           'nothing)')
   return model_cfg
 
 
