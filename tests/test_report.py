@@ -365,8 +365,9 @@ def test_archived_recipes_keep_their_verdicts_under_holm(tmp_path):
   """The committed recipe archive, re-tested as one Holm family: two checks (validation BLEU and perplexity) for
   each archived candidate, less vocab10k's perplexity and both of lowercase's (at least 21: the 12 candidates
   archived by 2026-12-06), and none for a candidate not run yet. Rotary positions' lower
-  perplexity (4.81 against 5.10, three seeds a side) holds after the correction; no BLEU gain is significant even
-  before it, and no BLEU difference after it."""
+  perplexity (4.81 against 5.10, three seeds a side) holds after the correction; no BLEU difference does, although
+  some BLEU p-values are under 0.05 before it (on 2026-12-07: deep4's loss and weight_decay3_lr_high_dose2's gain,
+  each on one seed)."""
   archive = REPO_ROOT / 'docs' / 'multi30k_recipes' / 'runs'
   report.write_report(archive, REPO_ROOT / 'configs' / 'multi30k_recipes.py', tmp_path)
   verdicts = {(v['row'], v['metric']): v for v in json.loads((tmp_path / 'table3.json').read_text())['verdicts']}
@@ -387,8 +388,7 @@ def test_archived_recipes_keep_their_verdicts_under_holm(tmp_path):
   assert modern['reference_value'] == pytest.approx(5.10, abs=0.005)
   assert modern['difference'] == pytest.approx(-0.29, abs=0.005) and modern['high'] < 0
   bleu = [v for (_, metric), v in verdicts.items() if metric == 'dev_bleu' and v['p'] is not None]
-  assert all(v['p'] > 0.05 for v in bleu if v['difference'] > 0)  # No BLEU gain, even before the correction.
-  assert all(v['p_holm'] > 0.05 for v in bleu)
+  assert all(v['p_holm'] > 0.05 and v['verdict'] == 'inconclusive' for v in bleu)
 
 
 def test_rank_correlation_reverses_with_the_order():
