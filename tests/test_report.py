@@ -365,9 +365,7 @@ def test_archived_recipes_keep_their_verdicts_under_holm(tmp_path):
   """The committed recipe archive, re-tested as one Holm family: two checks (validation BLEU and perplexity) for
   each archived candidate, less vocab10k's perplexity and both of lowercase's (at least 21: the 12 candidates
   archived by 2026-12-06), and none for a candidate not run yet. Rotary positions' lower
-  perplexity (4.81 against 5.10, three seeds a side) holds after the correction; no BLEU difference does, although
-  some BLEU p-values are under 0.05 before it (on 2026-12-07: deep4's loss and weight_decay3_lr_high_dose2's gain,
-  each on one seed)."""
+  perplexity (4.81 against 5.10, three seeds a side) holds after the correction; no BLEU difference does."""
   archive = REPO_ROOT / 'docs' / 'multi30k_recipes' / 'runs'
   report.write_report(archive, REPO_ROOT / 'configs' / 'multi30k_recipes.py', tmp_path)
   verdicts = {(v['row'], v['metric']): v for v in json.loads((tmp_path / 'table3.json').read_text())['verdicts']}
