@@ -25,7 +25,7 @@ BUDGET_FLOPS = 8000 * 96.435e9  # The main job's training: 8,000 steps of its an
 # §5.3's rate (learning_rate_scale 0.5), until configs/multi30k.py adopted weight_decay3's AdamW (λ 0.3) on 2026-12-06
 # and then weight_decay3_lr2x_dose's rate (§5.3's own, scale 1.0) on 2026-12-07. Each row starts from it, so `paper`
 # and the archived runs in docs/multi30k_recipes/runs keep their meaning, and `weight_decay3_lr2x_dose` is the main
-# job today.
+# job today. "The main job's rate" in the comments below is this half rate.
 _MEASURED_BASE = {'train.weight_decay': 0.0, 'train.learning_rate_scale': 0.5}
 
 
@@ -202,7 +202,7 @@ NOTES = {
     'weight_decay3_ls05': 'AdamW, weight decay 0.3, label smoothing 0.05',
     'weight_decay3_lr_high_dose': 'learning rate x sqrt 2 (peak 2.2e-3), AdamW λ 0.3 (the dose x sqrt 2)',
     'weight_decay3_rdrop5': 'R-Drop, α 5, 1,024 tokens a side run twice, AdamW, weight decay 0.3',
-    'weight_decay3_lr2x_dose': 'learning rate x 2 (peak 3.1e-3), AdamW λ 0.3 (the dose x 2; configs/multi30k.py since 2026-12-07)',
+    'weight_decay3_lr2x_dose': 'learning rate x 2 (peak 3.1e-3), AdamW λ 0.3 (dose x 2; the main job since 2026-12-07)',
     'weight_decay3_lr_high_dose2': 'learning rate x sqrt 2 (peak 2.2e-3), AdamW λ 0.42 (the dose x 2)',
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
