@@ -4,7 +4,7 @@
       --config.data.manual_dir=../shared/data/multi30k
 
 Trains from scratch on packed batches, logs greedy validation BLEU every 1,000 steps, averages the last 10
-checkpoints (§6.1), translates the validation split and test_2016_flickr with beam search (beam 4, alpha 1.4,
+checkpoints (§6.1), translates the validation split and test_2016_flickr with beam search (beam 6, alpha 1.4,
 max length input + 50) and prints `bleu: <sacreBLEU>` with the two other BLEUs.
 
 On a 2-vCPU Intel Xeon with AMX (`lscpu` family 6 model 167, 2026-12-07, under tcmalloc; seeds 0-4, some beside
@@ -37,9 +37,10 @@ What differs from the paper, and why (a 29k-pair corpus on 2 cores instead of 4.
 - Attention dropout 0.1 (not in the paper; tensor2tensor's later base settings use it): +0.20 validation BLEU, one
   seed.
 - No BPE-dropout (data.bpe_dropout_rate=0): its longer segmentations learn too slowly for this budget.
-- alpha=1.4 (§6.1 used 0.6, "chosen after experimentation on the development set"; so is this one, with
-  --mode=tune_decoding): at 0.6 the outputs are 5-6% shorter than the validation references; over three seeds no
-  other pair of beam 4 or 6 and alpha 1.0-1.8 is better by a resolved margin.
+- Beam 6 and alpha=1.4 (§6.1: beam 4 and 0.6, "chosen after experimentation on the development set"; so are these,
+  with --mode=tune_decoding): at alpha 0.6 the outputs are 5-6% shorter than the validation references. At the rate
+  above, over three seeds, beam 6 scored +0.13 [+0.10, +0.17] validation BLEU over beam 4 (Holm-adjusted p 0.022 over
+  the five other pairs of beam 4 or 6 and alpha 1.0-1.8); no other pair differed by a resolved margin.
 - Label smoothing stays §5.4's 0.1: 0.2 scored the same validation BLEU over three seeds (+0.02 [-0.38, +0.41])
   at a higher perplexity (+0.18 [+0.14, +0.22]); adopted with alpha 1.8 on 2026-12-06, it was undone after its test
   figures were seen (docs/multi30k_recipes.md, "The main job stays weight_decay3").
@@ -72,5 +73,5 @@ def get_config(target_lang: str | None = None):
                       eval_every_steps=1000, checkpoint_every_steps=200, max_checkpoints_to_keep=10,
                       eval_bleu_every_steps=1000, weight_decay=0.3)
   config.eval.update(average_last_n=10, bleu_beam_size=1)  # Greedy during training: ~3 s per validation.
-  config.decode.update(alpha=1.4, tokens_per_batch=512)
+  config.decode.update(beam_size=6, alpha=1.4, tokens_per_batch=512)
   return config

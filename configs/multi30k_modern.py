@@ -10,7 +10,7 @@ quality there or made no measurable difference (pre-LN, RMSNorm, SwiGLU, GeGLU, 
 attention), so they are left out until seeds say otherwise. Same data, steps and compute as the main
 job (RoPE adds no matrix products); docs/multi30k_recipes.md compares the two over seeds. Its optimiser is Adam
 without weight decay at half of §5.3's learning rate (learning_rate_scale 0.5, peak 1.6e-3), the main job's until
-2026-12-06, as its three seeds were measured: AdamW (λ 0.3) with rotary positions at that rate is
+2026-12-06, and it decodes with beam 4 (the main job's until 2026-12-07), as its three seeds were measured: AdamW (λ 0.3) with rotary positions at that rate is
 `configs/multi30k_recipes.py:modern_weight_decay3`, measured in docs/multi30k_recipes.md.
 """
 from configs import multi30k
@@ -25,4 +25,5 @@ def get_config(target_lang: str | None = None):
   config = multi30k.get_config(target_lang)
   config.model.position_embedding = 'rope'
   config.train.update(weight_decay=0.0, learning_rate_scale=0.5)  # As measured; see the module docstring.
+  config.decode.beam_size = 4  # As measured.
   return config

@@ -250,16 +250,22 @@ def test_multi30k_recipes_train_within_the_main_jobs_compute(recipe):
 
 def test_multi30k_recipes_keep_the_adam_they_were_measured_with():
   """The recipes start from the main job as they were measured against it, with Adam (no weight decay) at half of
-  §5.3's rate: `paper` is configs/multi30k.py but for train.weight_decay 0 and train.learning_rate_scale 0.5, and
-  `weight_decay3_lr2x_dose` (AdamW, λ 0.3, §5.3's rate) is configs/multi30k.py itself, the main job since
-  2026-12-07. configs/multi30k_modern.py is `modern`, rotary positions with Adam at half the rate."""
+  §5.3's rate, decoded with beam 4: `paper` is configs/multi30k.py but for train.weight_decay 0,
+  train.learning_rate_scale 0.5 and decode.beam_size 4, and `weight_decay3_lr2x_dose` (AdamW, λ 0.3, §5.3's rate)
+  is configs/multi30k.py, the main job since 2026-12-07, but for its beam of 4 (6 since later that day).
+  configs/multi30k_modern.py is `modern`, rotary positions with Adam at half the rate."""
   main_job = load('multi30k.py', None).to_dict()
   paper = load('multi30k_recipes.py', 'paper').to_dict()
   assert (main_job['train']['weight_decay'], main_job['train']['learning_rate_scale']) == (0.3, 1.0)
+  assert main_job['decode']['beam_size'] == 6
   assert (paper['train']['weight_decay'], paper['train']['learning_rate_scale']) == (0.0, 0.5)
+  assert paper['decode']['beam_size'] == 4
   paper['train'].update(weight_decay=0.3, learning_rate_scale=1.0)
+  paper['decode'].update(beam_size=6)
   assert paper == main_job
-  assert load('multi30k_recipes.py', 'weight_decay3_lr2x_dose').to_dict() == main_job
+  lr2x_dose = load('multi30k_recipes.py', 'weight_decay3_lr2x_dose').to_dict()
+  lr2x_dose['decode'].update(beam_size=6)
+  assert lr2x_dose == main_job
   assert load('multi30k_recipes.py', 'modern').to_dict() == load('multi30k_modern.py', None).to_dict()
 
 
