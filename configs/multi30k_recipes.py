@@ -209,7 +209,8 @@ NOTES = {
     'weight_decay3_ls05': 'AdamW, weight decay 0.3, label smoothing 0.05',
     'weight_decay3_lr_high_dose': 'learning rate x sqrt 2 (peak 2.2e-3), AdamW λ 0.3 (the dose x sqrt 2)',
     'weight_decay3_rdrop5': 'R-Drop, α 5, 1,024 tokens a side run twice, AdamW, weight decay 0.3',
-    'weight_decay3_lr2x_dose': 'learning rate x 2 (peak 3.1e-3), AdamW λ 0.3 (dose x 2; the main job since 2026-12-07)',
+    'weight_decay3_lr2x_dose': ('learning rate x 2 (peak 3.1e-3), AdamW λ 0.3 (dose x 2; the main job since '
+                                '2026-12-07, there with beam 6)'),
     'weight_decay3_lr_high_dose2': 'learning rate x sqrt 2 (peak 2.2e-3), AdamW λ 0.42 (the dose x 2)',
     'weight_decay3_lr2x_high_dose': 'learning rate x 2 sqrt 2 (peak 4.4e-3), AdamW λ 0.3 (the dose x 2 sqrt 2)',
 }

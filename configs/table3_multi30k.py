@@ -24,14 +24,14 @@ changes the paper's base:
   F1-F8  the later variants of configs/table3.py (gated FFNs at d_ff = 2/3 * 1024 = 682)
 
 Budget: every row trains BUDGET_STEPS = 2,000 packed steps of ~2,048 source + 2,048 target tokens (~8 epochs of
-Multi30k), the main job's schedule (configs/multi30k.py: 400 warm-up steps, learning_rate_scale 0.5, peak
-1.6e-3 at d_model 256), checkpoints every 100 steps and the last 5 (steps 1,600-2,000) averaged, greedy decoding
-of the dev and test splits (beam search changes BLEU by ~1-2 points at ~2x the decoding time, for every row
-alike), validation perplexity every 250 steps (each row's curve: a diverged row shows where). The budget was
-chosen on the base row's validation curve (docs/table3_multi30k_history.md): dev BLEU 30.0 (greedy, one checkpoint) at
-1,000 steps, perplexity still falling 10% per 250 steps at 1,500. A base-sized row is 193 TFLOP of training: ~8
-min alone on a 2-vCPU Intel Xeon with AMX, ~11 min alone on a 2-vCPU AMD EPYC without AMX, evaluations included
-(docs/table3_multi30k.md, "Cost"); seeds: `launch/sweep_table3.sh --seeds=1,2`.
+Multi30k), the main job's schedule until 2026-12-07 (configs/multi30k.py then: 400 warm-up steps,
+learning_rate_scale 0.5, peak 1.6e-3 at d_model 256), checkpoints every 100 steps and the last 5 (steps 1,600-2,000)
+averaged, greedy decoding of the dev and test splits (beam search changes BLEU by ~1-2 points at ~2x the decoding
+time, for every row alike), validation perplexity every 250 steps (each row's curve: a diverged row shows where).
+The budget was chosen on the base row's validation curve (docs/table3_multi30k_history.md): dev BLEU 30.0 (greedy,
+one checkpoint) at 1,000 steps, perplexity still falling 10% per 250 steps at 1,500. A base-sized row is 193 TFLOP
+of training: ~8 min alone on a 2-vCPU Intel Xeon with AMX, ~11 min alone on a 2-vCPU AMD EPYC without AMX,
+evaluations included (docs/table3_multi30k.md, "Cost"); seeds: `launch/sweep_table3.sh --seeds=1,2`.
 
 The attention products multiply in bfloat16 (model.attention_product_dtype='compute', float32 accumulation), as
 the matrix products do: on an AMX Xeon the step is 3-8% faster than with float32 products, and the base row
