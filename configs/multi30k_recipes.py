@@ -5,15 +5,15 @@
   python -m transformer_jax.report runs/multi30k_recipes --rows=configs/multi30k_recipes.py
 
 Every recipe keeps the paper's architecture (post-LN, sinusoidal positions, shared embeddings, §5.3's schedule shape,
-§6.1's averaging and beam search) except `modern` (configs/multi30k_modern.py), `modern_weight_decay3` and
-`modern_lr2x_dose` (rotary positions), and stays within the main job's training compute: at most BUDGET_FLOPS, 8,000
-steps of 96.4 GFLOP (`flops.train_step_flops` at the packed [32, 64] batch of 2,048 tokens a side). Where a recipe's
-step costs more or less, its step count is scaled to that budget (the numbers below; tests/test_configs.py checks each),
-or, for R-Drop's two passes, its batch is halved. Checkpoints are kept so that the last 10 averaged cover the last
-quarter of training, as in the main job (10 x 200 of 8,000 steps), and warm-up lasts the same 5% of the steps where the
-step count changes (tiny and warmup800 set their own warm-up). Recipes are compared on the validation split only
-(docs/multi30k_recipes.md); the report tests each candidate's gain over `paper` (FINDINGS) with Holm's correction over
-all the candidates.
+§6.1's averaging and beam search) except the three with rotary positions: `modern` (configs/multi30k_modern.py until
+2026-12-07), `modern_weight_decay3` and `modern_lr2x_dose` (configs/multi30k_modern.py since), and stays within the main
+job's training compute: at most BUDGET_FLOPS, 8,000 steps of 96.4 GFLOP (`flops.train_step_flops` at the packed [32, 64]
+batch of 2,048 tokens a side). Where a recipe's step costs more or less, its step count is scaled to that budget (the
+numbers below; tests/test_configs.py checks each), or, for R-Drop's two passes, its batch is halved. Checkpoints are
+kept so that the last 10 averaged cover the last quarter of training, as in the main job (10 x 200 of 8,000 steps), and
+warm-up lasts the same 5% of the steps where the step count changes (tiny and warmup800 set their own warm-up). Recipes
+are compared on the validation split only (docs/multi30k_recipes.md); the report tests each candidate's gain over
+`paper` (FINDINGS) with Holm's correction over all the candidates.
 """
 import ml_collections
 
@@ -38,7 +38,7 @@ def _schedule(steps: int) -> dict:
 
 ROWS = {
     'paper': {},  # configs/multi30k.py with Adam (λ 0), the main job until 2026-12-06: every candidate's reference.
-    'modern': {'model.position_embedding': 'rope'},  # configs/multi30k_modern.py.
+    'modern': {'model.position_embedding': 'rope'},  # configs/multi30k_modern.py until 2026-12-07.
     # Batch size at equal compute: 4,096 and 8,192 tokens a side, 4,000 and 2,000 steps. Warm-up at 5% of the
     # steps raises §5.3's peak by sqrt(2) per doubling, the square-root scaling of the learning rate with batch.
     'batch4096': {'data.tokens_per_batch': 4096, **_schedule(4000)},
@@ -179,16 +179,17 @@ ROWS = {
     # raising λ at a fixed rate (weight_decay3_lr_high_dose2) did not help: does the rate keep paying, and does a
     # post-LN model of 400 warm-up steps stay stable at this peak? Same FLOPs.
     'weight_decay3_lr2x_high_dose': {'train.weight_decay': 0.3, 'train.learning_rate_scale': 0.5 * 2 * 2 ** 0.5},
-    # Rotary positions on today's main job (§5.3's rate, AdamW λ 0.3, beam 6), the candidate for
-    # configs/multi30k_modern.py: rotary positions lowered validation perplexity under Adam at half the rate (modern,
-    # -0.29) and under λ 0.3 at that rate (modern_weight_decay3, -0.18 against weight_decay3), three seeds each, with
-    # no BLEU gain resolved. Does the gain in perplexity hold at the main job's rate, and turn into BLEU? Same FLOPs.
+    # Rotary positions on the main job of 2026-12-07 (§5.3's rate, AdamW λ 0.3, beam 6), configs/multi30k_modern.py
+    # since that day (docs/multi30k_recipes.md gives the rule that chose it). Rotary positions had lowered validation
+    # perplexity under Adam at half the rate (modern, -0.29) and under λ 0.3 at that rate (modern_weight_decay3, -0.18
+    # against weight_decay3), three seeds each, with no BLEU gain resolved. Does the gain in perplexity hold at the
+    # main job's rate, and turn into BLEU? Same FLOPs.
     'modern_lr2x_dose': {'model.position_embedding': 'rope', 'train.weight_decay': 0.3,
                          'train.learning_rate_scale': 0.5 * 2, 'decode.beam_size': 6},
 }
 NOTES = {
     'paper': 'configs/multi30k.py with Adam (until 2026-12-06)',
-    'modern': 'rotary positions (configs/multi30k_modern.py)',
+    'modern': 'rotary positions (configs/multi30k_modern.py until 2026-12-07)',
     'batch4096': '4,096 tokens a side, 4,000 steps', 'batch8192': '8,192 tokens a side, 2,000 steps',
     'tiny': 'Wu et al. (2021) transformer-tiny, 8,192 tokens a side, 6,200 steps',
     'deep4': 'N=4, d_ff=512, 8,160 steps',
@@ -219,7 +220,8 @@ NOTES = {
                                 '2026-12-07, there with beam 6)'),
     'weight_decay3_lr_high_dose2': 'learning rate x sqrt 2 (peak 2.2e-3), AdamW λ 0.42 (the dose x 2)',
     'weight_decay3_lr2x_high_dose': 'learning rate x 2 sqrt 2 (peak 4.4e-3), AdamW λ 0.3 (the dose x 2 sqrt 2)',
-    'modern_lr2x_dose': 'rotary positions on the main job of 2026-12-07 (peak 3.1e-3, AdamW λ 0.3, beam 6)',
+    'modern_lr2x_dose': ('rotary positions on the main job of 2026-12-07 (peak 3.1e-3, AdamW λ 0.3, beam 6): '
+                         'configs/multi30k_modern.py since then'),
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
 # The row the report compares every candidate with (its Δ columns), unless the report's --reference names another.

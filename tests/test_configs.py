@@ -253,7 +253,8 @@ def test_multi30k_recipes_keep_the_adam_they_were_measured_with():
   §5.3's rate, decoded with beam 4: `paper` is configs/multi30k.py but for train.weight_decay 0,
   train.learning_rate_scale 0.5 and decode.beam_size 4, and `weight_decay3_lr2x_dose` (AdamW, λ 0.3, §5.3's rate)
   is configs/multi30k.py, the main job since 2026-12-07, but for its beam of 4 (6 since later that day).
-  configs/multi30k_modern.py is `modern`, rotary positions with Adam at half the rate."""
+  configs/multi30k_modern.py is `modern_lr2x_dose`, the main job with rotary positions (until 2026-12-07 it was
+  `modern`, rotary positions with Adam at half the rate)."""
   main_job = load('multi30k.py', None).to_dict()
   paper = load('multi30k_recipes.py', 'paper').to_dict()
   assert (main_job['train']['weight_decay'], main_job['train']['learning_rate_scale']) == (0.3, 1.0)
@@ -266,7 +267,11 @@ def test_multi30k_recipes_keep_the_adam_they_were_measured_with():
   lr2x_dose = load('multi30k_recipes.py', 'weight_decay3_lr2x_dose').to_dict()
   lr2x_dose['decode'].update(beam_size=6)
   assert lr2x_dose == main_job
-  assert load('multi30k_recipes.py', 'modern').to_dict() == load('multi30k_modern.py', None).to_dict()
+  modern = load('multi30k_modern.py', None).to_dict()
+  assert modern == load('multi30k_recipes.py', 'modern_lr2x_dose').to_dict()
+  assert modern['model']['position_embedding'] == 'rope' != main_job['model']['position_embedding']
+  modern['model']['position_embedding'] = main_job['model']['position_embedding']
+  assert modern == main_job
 
 
 # What an archived run may differ in from its recipe today: where the corpus was, the seeds, and the 40 checkpoints
