@@ -1,6 +1,6 @@
 """Times the train step of two or more config variants alternately in one process: an A/B that a noisy CPU allows.
 
-  python benchmarks/ab_step.py --config=configs/multi30k.py \
+  python -m benchmarks.ab_step --config=configs/multi30k.py \
       --variant=base: --variant=bf16_attention:model.attention_product_dtype=compute --rounds=8
 
 Each --variant is NAME:KEY=VALUE[,KEY=VALUE...] (overrides of the config, parsed as `--config.KEY=VALUE` would

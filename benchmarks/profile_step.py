@@ -1,6 +1,6 @@
 """Where a train step's time goes: a `jax.profiler` trace of a few steps, op time summed by part of the model.
 
-  python benchmarks/profile_step.py --config=configs/multi30k.py [--config.model.attention_product_dtype=compute]
+  python -m benchmarks.profile_step --config=configs/multi30k.py [--config.model.attention_product_dtype=compute]
 
 Compiles `step.jit_train_step` for one synthetic batch (`benchmark.synthetic_batch`, the config's
 `benchmark.batch_size` x (`source_length` + `target_length`)), runs it warm, traces `--steps` steps and reads
