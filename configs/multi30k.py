@@ -48,9 +48,9 @@ What differs from the paper, and why (a 29k-pair corpus on 2 cores instead of 4.
   figures were seen (docs/multi30k_recipes.md, "The main job stays weight_decay3").
 - bfloat16 matrix products with float32 accumulation, the batched attention products included
   (attention_product_dtype='compute'): faster than float32, with validation BLEU no lower (one run each).
-- Checkpoints every 200 steps and the last 10 averaged (§6.1 averages 5 for base and 20 for big): over three seeds
-  they score 1.98 validation BLEU above the last checkpoint and 1.42 [+1.25, +1.58] above the best single one, and no
-  other window tried (the last 5, 15, 20, 30 or 40, or the 10 up to step 7,000) has a higher mean.
+- Checkpoints every 200 steps and the last 10 averaged (§6.1 averages 5 for base and 20 for big): at beam 4, over
+  three seeds, they score 1.98 validation BLEU above the last checkpoint and +1.42 [+1.25, +1.58] above the best single
+  one, and no other window tried (the last 5, 15, 20, 30 or 40, or the 10 up to step 7,000) has a higher mean.
 - Beam search decodes 512 source tokens per batch (decode.tokens_per_batch; training's 2,048 otherwise): a
   sentence's beams cost their rows until the batch's slowest sentence ends (docs/performance.md).
 """
