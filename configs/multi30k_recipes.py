@@ -31,6 +31,7 @@ _MEASURED_BASE = {'train.weight_decay': 0.0, 'train.learning_rate_scale': 0.5, '
 # configs/multi30k.py's optimiser since 2026-12-07 (weight_decay3_lr2x_dose): AdamW λ 0.3 at §5.3's rate as written.
 # The rows that change one thing of that main job start from it.
 _MAIN_JOB = {'train.weight_decay': 0.3, 'train.learning_rate_scale': 0.5 * 2}
+_ON_MAIN_JOB = 'on the main job of 2026-12-07 (peak 3.1e-3, AdamW λ 0.3)'  # How NOTES names a row built on _MAIN_JOB.
 
 
 def _schedule(steps: int) -> dict:
@@ -248,12 +249,10 @@ NOTES = {
     'weight_decay3_lr2x_high_dose': 'learning rate x 2 sqrt 2 (peak 4.4e-3), AdamW λ 0.3 (the dose x 2 sqrt 2)',
     'modern_lr2x_dose': ('rotary positions on the main job of 2026-12-07 (peak 3.1e-3, AdamW λ 0.3, beam 6): '
                          'configs/multi30k_modern.py since then'),
-    'weight_decay3_lr2x_dose_dropout15': 'P_drop 0.15 on the main job of 2026-12-07 (peak 3.1e-3, AdamW λ 0.3)',
-    'weight_decay3_lr2x_dose_attention_dropout2': ('attention dropout 0.2 on the main job of 2026-12-07 (peak 3.1e-3, '
-                                                   'AdamW λ 0.3)'),
-    'weight_decay3_lr2x_dose_attention_dropout0': ("no attention dropout (the paper's) on the main job of 2026-12-07 "
-                                                   '(peak 3.1e-3, AdamW λ 0.3)'),
-    'weight_decay3_lr2x_dose_adam_b2_997': "Adam's β2 0.997 on the main job of 2026-12-07 (peak 3.1e-3, AdamW λ 0.3)",
+    'weight_decay3_lr2x_dose_dropout15': f'P_drop 0.15 {_ON_MAIN_JOB}',
+    'weight_decay3_lr2x_dose_attention_dropout2': f'attention dropout 0.2 {_ON_MAIN_JOB}',
+    'weight_decay3_lr2x_dose_attention_dropout0': f"no attention dropout (the paper's) {_ON_MAIN_JOB}",
+    'weight_decay3_lr2x_dose_adam_b2_997': f"Adam's β2 0.997 {_ON_MAIN_JOB}",
 }
 PAPER = {}  # No published figure per recipe; docs/multi30k_recipes.md gives the literature's.
 # The row the report compares every candidate with (its Δ columns), unless the report's --reference names another.
